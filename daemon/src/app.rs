@@ -1,0 +1,315 @@
+//! Start-up wiring: configuration, then the platform probe, limits, the
+//! executor, a sandbox self-test, the project mount and the registry. Every
+//! front end (MCP server, `run`, `envs`, `doctor`) starts here.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, Config, ProjectMode};
+use crate::environment::{Environment, InterpreterKind};
+use crate::exec::{Executor, Request};
+use crate::jail::ProjectMount;
+use crate::limits::Enforcer;
+use crate::platform::{Platform, PlatformError};
+use crate::registry::{self, Prober, Registry, Sources};
+
+pub struct App {
+    pub config: Config,
+    pub executor: Arc<Executor>,
+    pub registry: Registry,
+    pub project: Option<ProjectMount>,
+    /// Why the project is not mounted, when it is not.
+    pub project_note: Option<String>,
+}
+
+/// Why the server cannot start, with the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(#[from] config::ConfigError),
+    #[error("{error}\n  fix: {fix}")]
+    Platform { error: PlatformError, fix: String },
+    #[error("the sandbox does not work on this machine: {detail}\n  fix: {fix}")]
+    Sandbox { detail: String, fix: String },
+    #[error("{0}")]
+    Project(String),
+    #[error("no environment is available:\n  {}\n  fix: install bash, python3 or node, or configure environments (see `nix-sandbox-mcp --help`)", .0.join("\n  "))]
+    NoEnvironments(Vec<String>),
+}
+
+/// Options from the command line that shape start-up.
+#[derive(Debug, Default, Clone)]
+pub struct StartOptions {
+    pub config: Option<PathBuf>,
+    /// Load environments (probing them); `doctor` and `run` need them, `--version` not.
+    pub load_environments: bool,
+}
+
+pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
+    let config = config::load(opts.config.as_deref())?;
+    let executor = Arc::new(executor_for(&config)?);
+    self_test(&executor).await?;
+    let (project, project_note) = resolve_project(&config)?;
+    if let Some(note) = &project_note {
+        tracing::warn!("{note}");
+    }
+    let registry = if opts.load_environments {
+        let sources = sources_from_env();
+        let reg = registry::load(&config, &sources, &ExecProber(executor.clone())).await;
+        if reg.is_empty() {
+            return Err(StartError::NoEnvironments(reg.warnings.clone()));
+        }
+        reg
+    } else {
+        Registry::default()
+    };
+    Ok(App {
+        config,
+        executor,
+        registry,
+        project,
+        project_note,
+    })
+}
+
+/// Probes the platform and limits and builds the executor.
+pub fn executor_for(config: &Config) -> Result<Executor, StartError> {
+    let platform = Platform::probe().map_err(|error| StartError::Platform {
+        fix: error.fix(),
+        error,
+    })?;
+    let enforcer = Enforcer::detect(platform.sandbox_host_uid());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    let max_running = config
+        .server
+        .max_concurrent_runs
+        .map(|p| p.0 as usize)
+        .unwrap_or(cores.max(2));
+    let max_queued = config
+        .server
+        .max_queued_runs
+        .map(|q| q as usize)
+        .unwrap_or(32);
+    enforcer.warm(max_running);
+    Ok(Executor::new(
+        Arc::new(platform),
+        enforcer,
+        max_running,
+        max_queued,
+    ))
+}
+
+/// Environments from the Nix side: `NIX_SANDBOX_BUILTIN` (set by the Nix
+/// package), `NIX_SANDBOX_DIR` and `NIX_SANDBOX_ENVS`.
+pub fn sources_from_env() -> Sources {
+    let split = |v: &str, sep: char| -> Vec<String> {
+        v.split(sep)
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let builtin = std::env::var("NIX_SANDBOX_BUILTIN")
+        .map(|v| split(&v, ':').into_iter().map(PathBuf::from).collect())
+        .unwrap_or_default();
+    let artifact_dirs = match std::env::var("NIX_SANDBOX_DIR") {
+        Ok(v) if !v.is_empty() => split(&v, ':').into_iter().map(PathBuf::from).collect(),
+        _ => config::default_config_path()
+            .and_then(|p| p.parent().map(|d| d.join("sandboxes")))
+            .into_iter()
+            .collect(),
+    };
+    Sources {
+        builtin,
+        artifact_dirs,
+        flake_results: Vec::new(),
+    }
+}
+
+/// The environment the self-test and `doctor` run: the host's /bin/sh.
+pub fn self_test_env(config_defaults: crate::config::LimitSettings) -> Environment {
+    let extra: Vec<PathBuf> = [Path::new("/nix/store")]
+        .iter()
+        .filter(|p| p.is_dir())
+        .map(|p| p.to_path_buf())
+        .collect();
+    let mut env = registry::host_environment(
+        "self-test",
+        PathBuf::from("/bin/sh"),
+        vec!["/bin/sh".into(), "{file}".into()],
+        ".self-test.sh",
+        Some(InterpreterKind::Bash),
+        extra,
+        config_defaults,
+    );
+    env.limits.timeout = std::time::Duration::from_secs(20);
+    env
+}
+
+/// Starts one trivial sandbox with the full policy; fails with a diagnosis.
+pub async fn self_test(executor: &Executor) -> Result<(), StartError> {
+    let env = self_test_env(Default::default());
+    let outcome = executor
+        .run(Request {
+            env: &env,
+            code: b"echo ok\n",
+            project: None,
+            inherited: Vec::new(),
+            cancel: CancellationToken::new(),
+            observer: None,
+        })
+        .await
+        .map_err(|e| StartError::Sandbox {
+            detail: e.to_string(),
+            fix: "check that bubblewrap can run: `bwrap --unshare-all --ro-bind / / true`"
+                .to_string(),
+        })?;
+    if outcome.succeeded() && outcome.stdout.text.trim() == "ok" {
+        return Ok(());
+    }
+    let detail = if outcome.stderr.text.trim().is_empty() {
+        format!(
+            "a test sandbox ended with exit status {:?}",
+            outcome.exit_code
+        )
+    } else {
+        outcome.stderr.text.trim().to_string()
+    };
+    Err(StartError::Sandbox {
+        fix: diagnose_sandbox_failure(&detail),
+        detail,
+    })
+}
+
+/// A concrete fix for a failed sandbox start, from bubblewrap's message and the
+/// kernel settings that commonly cause it.
+pub fn diagnose_sandbox_failure(stderr: &str) -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        return "AppArmor forbids unprivileged user namespaces (Ubuntu 23.10 and later). Either allow them: `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (persist it in /etc/sysctl.d/), or give bwrap an AppArmor profile that permits `userns` (see docs/security.md).".to_string();
+    }
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return "unprivileged user namespaces are disabled: `sudo sysctl -w kernel.unprivileged_userns_clone=1` (persist it in /etc/sysctl.d/)".to_string();
+    }
+    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return "user namespaces are disabled: `sudo sysctl -w user.max_user_namespaces=15000` (persist it in /etc/sysctl.d/)".to_string();
+    }
+    if stderr.contains("Operation not permitted")
+        || stderr.contains("Permission denied")
+        || stderr.contains("No permissions")
+    {
+        return "the kernel refused to create namespaces; inside a container, run it with user namespaces allowed (for Docker: --security-opt seccomp=unconfined --security-opt apparmor=unconfined, or use a VM)".to_string();
+    }
+    "run `nix-sandbox-mcp doctor` for details; bubblewrap's message is above".to_string()
+}
+
+/// The project mount, or why there is none.
+pub fn resolve_project(
+    config: &Config,
+) -> Result<(Option<ProjectMount>, Option<String>), StartError> {
+    let p = &config.project;
+    let explicit = p.path_is_explicit;
+    let path = match &p.path {
+        Some(path) => path.clone(),
+        None => std::env::current_dir()
+            .map_err(|e| StartError::Project(format!("cannot read the current directory: {e}")))?,
+    };
+    let real = match std::fs::canonicalize(&path) {
+        Ok(r) if r.is_dir() => r,
+        Ok(r) if explicit => {
+            return Err(StartError::Project(format!(
+                "project path {} is not a directory (set by PROJECT_DIR or [project] path)",
+                r.display()
+            )));
+        }
+        Err(e) if explicit => {
+            return Err(StartError::Project(format!(
+                "project path {}: {e} (set by PROJECT_DIR or [project] path)",
+                path.display()
+            )));
+        }
+        _ => {
+            return Ok((
+                None,
+                Some(format!(
+                    "no project mounted: {} is not a directory",
+                    path.display()
+                )),
+            ));
+        }
+    };
+    if !explicit {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .and_then(|h| std::fs::canonicalize(h).ok());
+        if real == Path::new("/") || home.as_deref() == Some(real.as_path()) {
+            return Ok((
+                None,
+                Some(format!(
+                    "no project mounted: the current directory {} is / or your home directory; set PROJECT_DIR or [project] path to mount one",
+                    real.display()
+                )),
+            ));
+        }
+    }
+    Ok((
+        Some(ProjectMount {
+            host_path: real,
+            mount_point: p.mount_point.0.clone(),
+            writable: p.mode == ProjectMode::Readwrite,
+        }),
+        None,
+    ))
+}
+
+/// Runs start-up probes through the real executor.
+pub struct ExecProber(pub Arc<Executor>);
+
+impl Prober for ExecProber {
+    fn probe<'a>(
+        &'a self,
+        env: &'a Environment,
+        code: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>>
+    {
+        Box::pin(async move {
+            let o = self
+                .0
+                .run(Request {
+                    env,
+                    code: code.as_bytes(),
+                    project: None,
+                    inherited: Vec::new(),
+                    cancel: CancellationToken::new(),
+                    observer: None,
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            if o.succeeded() {
+                Ok(o.stdout.text)
+            } else {
+                let line = o
+                    .stderr
+                    .text
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                Err(if line.is_empty() {
+                    format!("exit status {:?}", o.exit_code)
+                } else {
+                    line
+                })
+            }
+        })
+    }
+}

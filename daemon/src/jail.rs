@@ -1,0 +1,421 @@
+//! The sandbox policy: turns an environment and one call into the bubblewrap
+//! command line. A pure function over plain data, so every rule is unit-tested
+//! on the argv itself; nothing here touches the system.
+
+use std::ffi::OsString;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+
+use crate::environment::{Environment, RootFs};
+
+/// The writable working directory (and `HOME`) inside every sandbox.
+pub const WORKSPACE: &str = "/workspace";
+/// Identity the code runs as inside the sandbox.
+pub const SANDBOX_UID: u32 = 1000;
+pub const SANDBOX_GID: u32 = 1000;
+pub const SANDBOX_USER: &str = "sandbox";
+pub const HOSTNAME: &str = "sandbox";
+
+/// How the host looks, probed once at start-up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostLayout {
+    /// System directories bound read-only in host mode (`/usr`, and `/bin`,
+    /// `/lib`… where they are real directories).
+    pub system_dirs: Vec<PathBuf>,
+    /// `(target, link)` for top-level directories that are symlinks (merged /usr).
+    pub system_links: Vec<(PathBuf, PathBuf)>,
+    /// Host `/etc` entries every host-mode sandbox needs (loader cache, alternatives).
+    pub etc_host: Vec<PathBuf>,
+    /// Host `/etc` entries only networked sandboxes need (resolver, certificates).
+    pub etc_network: Vec<PathBuf>,
+    /// A directory prepared at start-up that becomes `/etc`: passwd, group, hosts
+    /// and empty mount points for the host entries above.
+    pub etc_dir: PathBuf,
+    /// bubblewrap understands `--disable-userns` (0.8 and later).
+    pub disable_userns: bool,
+    /// bubblewrap takes several seccomp programs (`--add-seccomp-fd`).
+    pub add_seccomp_fd: bool,
+}
+
+/// The project directory as the sandbox sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectMount {
+    pub host_path: PathBuf,
+    pub mount_point: String,
+    pub writable: bool,
+}
+
+/// Per-call inputs to the jail.
+#[derive(Debug, Clone)]
+pub struct Call<'a> {
+    pub env: &'a Environment,
+    pub project: Option<&'a ProjectMount>,
+    /// File descriptor bubblewrap copies the code from; `None` when the
+    /// command needs no code file (sessions, probes).
+    pub code_fd: Option<RawFd>,
+    /// File descriptors holding the compiled seccomp programs, in load order.
+    pub seccomp_fds: Vec<RawFd>,
+    /// Variables read from the daemon's environment at call time.
+    pub inherited: &'a [(String, String)],
+    /// The command to run inside; normally `env.command_for(code path)`.
+    pub command: Vec<String>,
+}
+
+/// The bubblewrap arguments (everything after the program name) for `call`.
+pub fn bwrap_args(layout: &HostLayout, call: &Call) -> Vec<OsString> {
+    let mut a = Args::default();
+    let env = call.env;
+
+    // Namespaces and identity. Every namespace is new; network only when the
+    // environment opts in. Capabilities are dropped even when bwrap runs with
+    // privileges, and nested user namespaces are refused where bwrap can.
+    a.flags(&[
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup",
+    ]);
+    if !env.network {
+        a.flag("--unshare-net");
+    }
+    a.pair("--uid", &SANDBOX_UID.to_string());
+    a.pair("--gid", &SANDBOX_GID.to_string());
+    a.pair("--hostname", HOSTNAME);
+    if layout.disable_userns {
+        a.flag("--disable-userns");
+    }
+    a.pair("--cap-drop", "ALL");
+    a.flags(&["--die-with-parent", "--new-session"]);
+
+    // Environment: nothing from the daemon except what is named.
+    a.flag("--clearenv");
+    let path = env.path.join(":");
+    let base: [(&str, &str); 5] = [
+        ("PATH", &path),
+        ("HOME", WORKSPACE),
+        ("TMPDIR", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", "dumb"),
+    ];
+    for (k, v) in base {
+        a.triple("--setenv", k, v);
+    }
+    for (k, v) in &env.vars {
+        a.triple("--setenv", k, v);
+    }
+    for (k, v) in call.inherited {
+        a.triple("--setenv", k, v);
+    }
+
+    // Root filesystem, read-only.
+    match &env.root {
+        RootFs::Host { extra } => {
+            for dir in &layout.system_dirs {
+                a.bind_ro(dir, dir);
+            }
+            for (target, link) in &layout.system_links {
+                a.triple_os("--symlink", target.as_os_str(), link.as_os_str());
+            }
+            for dir in extra {
+                a.bind_ro(dir, dir);
+            }
+        }
+        RootFs::Closure { store_paths, links } => {
+            for p in store_paths {
+                a.bind_ro(p, p);
+            }
+            for (link, target) in links {
+                a.triple_os("--symlink", target.as_os_str(), link.as_os_str());
+            }
+        }
+    }
+    a.bind_ro(&layout.etc_dir, Path::new("/etc"));
+    if matches!(env.root, RootFs::Host { .. }) {
+        for f in &layout.etc_host {
+            a.bind_ro(f, f);
+        }
+    }
+    if env.network {
+        for f in &layout.etc_network {
+            a.bind_ro(f, f);
+        }
+    }
+
+    // Kernel interfaces and scratch space. Every writable filesystem has a size.
+    a.pair("--proc", "/proc");
+    a.pair("--dev", "/dev");
+    let size = env.limits.workspace_bytes.to_string();
+    a.pair("--size", &size);
+    a.pair("--tmpfs", "/dev/shm");
+    a.pair("--perms", "1777");
+    a.pair("--size", &size);
+    a.pair("--tmpfs", "/tmp");
+    a.pair("--size", &size);
+    a.pair("--tmpfs", WORKSPACE);
+
+    if let Some(p) = call.project {
+        let flag = if p.writable { "--bind" } else { "--ro-bind" };
+        a.triple_os(
+            flag,
+            p.host_path.as_os_str(),
+            Path::new(&p.mount_point).as_os_str(),
+        );
+    }
+
+    if let Some(fd) = call.code_fd {
+        a.pair("--perms", "0644");
+        a.triple("--file", &fd.to_string(), &env.code_path());
+    }
+    if layout.add_seccomp_fd {
+        for fd in &call.seccomp_fds {
+            a.pair("--add-seccomp-fd", &fd.to_string());
+        }
+    } else if let Some(fd) = call.seccomp_fds.first() {
+        // Older bubblewrap loads one program: the main filter.
+        a.pair("--seccomp", &fd.to_string());
+    }
+    a.pair("--chdir", WORKSPACE);
+    a.flag("--");
+    for arg in &call.command {
+        a.0.push(arg.into());
+    }
+    a.0
+}
+
+#[derive(Default)]
+struct Args(Vec<OsString>);
+
+impl Args {
+    fn flag(&mut self, f: &str) {
+        self.0.push(f.into());
+    }
+    fn flags(&mut self, fs: &[&str]) {
+        for f in fs {
+            self.flag(f);
+        }
+    }
+    fn pair(&mut self, f: &str, v: &str) {
+        self.0.push(f.into());
+        self.0.push(v.into());
+    }
+    fn triple(&mut self, f: &str, a: &str, b: &str) {
+        self.triple_os(f, a.as_ref(), b.as_ref());
+    }
+    fn triple_os(&mut self, f: &str, a: &std::ffi::OsStr, b: &std::ffi::OsStr) {
+        self.0.push(f.into());
+        self.0.push(a.into());
+        self.0.push(b.into());
+    }
+    fn bind_ro(&mut self, src: &Path, dest: &Path) {
+        self.triple_os("--ro-bind", src.as_os_str(), dest.as_os_str());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::environment::{Limits, Source};
+
+    fn layout() -> HostLayout {
+        HostLayout {
+            system_dirs: vec!["/usr".into()],
+            system_links: vec![("usr/bin".into(), "/bin".into())],
+            etc_host: vec!["/etc/ld.so.cache".into()],
+            etc_network: vec!["/etc/resolv.conf".into()],
+            etc_dir: "/run/nsm/etc".into(),
+            disable_userns: true,
+            add_seccomp_fd: true,
+        }
+    }
+
+    fn env() -> Environment {
+        Environment {
+            name: "python".into(),
+            description: "Python".into(),
+            source: Source::Host {
+                program: "/usr/bin/python3".into(),
+            },
+            interpreter: vec!["python3".into(), "{file}".into()],
+            file_name: ".main.py".into(),
+            root: RootFs::Host { extra: vec![] },
+            path: vec!["/usr/bin".into(), "/bin".into()],
+            vars: [("PYTHONUNBUFFERED".to_string(), "1".to_string())].into(),
+            limits: Limits::resolve(Default::default()),
+            settings: Default::default(),
+            network: false,
+            seccomp_allow: vec![],
+            tools: vec![],
+            kind: None,
+        }
+    }
+
+    fn argv(
+        env: &Environment,
+        project: Option<&ProjectMount>,
+        inherited: &[(String, String)],
+    ) -> Vec<String> {
+        let call = Call {
+            env,
+            project,
+            code_fd: Some(7),
+            seccomp_fds: vec![8, 9],
+            inherited,
+            command: env.command_for(&env.code_path()),
+        };
+        bwrap_args(&layout(), &call)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+    }
+
+    /// True when `needle` appears in `hay` as consecutive arguments.
+    fn has(hay: &[String], needle: &[&str]) -> bool {
+        hay.windows(needle.len())
+            .any(|w| w.iter().zip(needle).all(|(a, b)| a == b))
+    }
+
+    fn pos(hay: &[String], needle: &[&str]) -> usize {
+        hay.windows(needle.len())
+            .position(|w| w.iter().zip(needle).all(|(a, b)| a == b))
+            .unwrap_or_else(|| panic!("{needle:?} not in {hay:?}"))
+    }
+
+    #[test]
+    fn every_namespace_and_no_capabilities() {
+        let a = argv(&env(), None, &[]);
+        for ns in [
+            "--unshare-user",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-cgroup",
+            "--unshare-net",
+        ] {
+            assert!(a.iter().any(|x| x == ns), "{ns} missing");
+        }
+        assert!(has(&a, &["--cap-drop", "ALL"]));
+        assert!(has(&a, &["--disable-userns"]));
+        assert!(has(&a, &["--die-with-parent"]));
+        assert!(has(&a, &["--new-session"]));
+        assert!(has(&a, &["--uid", "1000"]));
+        assert!(!a.iter().any(|x| x == "--share-net"));
+    }
+
+    #[test]
+    fn network_only_when_opted_in() {
+        let mut e = env();
+        e.network = true;
+        let a = argv(&e, None, &[]);
+        assert!(!a.iter().any(|x| x == "--unshare-net"));
+        assert!(has(
+            &a,
+            &["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        ));
+        let a = argv(&env(), None, &[]);
+        assert!(!a.iter().any(|x| x == "/etc/resolv.conf"));
+    }
+
+    #[test]
+    fn environment_is_cleared_then_minimal() {
+        let inherited = vec![("DATABASE_URL".to_string(), "pg://x".to_string())];
+        let a = argv(&env(), None, &inherited);
+        let clear = pos(&a, &["--clearenv"]);
+        for (k, v) in [
+            ("PATH", "/usr/bin:/bin"),
+            ("HOME", "/workspace"),
+            ("TMPDIR", "/tmp"),
+            ("LANG", "C.UTF-8"),
+            ("TERM", "dumb"),
+            ("PYTHONUNBUFFERED", "1"),
+            ("DATABASE_URL", "pg://x"),
+        ] {
+            assert!(pos(&a, &["--setenv", k, v]) > clear, "{k}");
+        }
+        assert_eq!(a.iter().filter(|x| *x == "--setenv").count(), 7);
+    }
+
+    #[test]
+    fn project_read_only_unless_configured() {
+        let p = ProjectMount {
+            host_path: "/home/u/proj".into(),
+            mount_point: "/project".into(),
+            writable: false,
+        };
+        let a = argv(&env(), Some(&p), &[]);
+        assert!(has(&a, &["--ro-bind", "/home/u/proj", "/project"]));
+        // the project is mounted after the tmpfs so a mount point under /workspace works
+        assert!(pos(&a, &["--ro-bind", "/home/u/proj"]) > pos(&a, &["--tmpfs", "/workspace"]));
+        let p = ProjectMount {
+            writable: true,
+            ..p
+        };
+        let a = argv(&env(), Some(&p), &[]);
+        assert!(has(&a, &["--bind", "/home/u/proj", "/project"]));
+        let a = argv(&env(), None, &[]);
+        assert!(!a.iter().any(|x| x == "/project"));
+    }
+
+    #[test]
+    fn writable_filesystems_are_sized_tmpfs() {
+        let a = argv(&env(), None, &[]);
+        let size = env().limits.workspace_bytes.to_string();
+        for dir in ["/workspace", "/tmp", "/dev/shm"] {
+            let i = pos(&a, &["--tmpfs", dir]);
+            assert_eq!(&a[i - 2..i], &["--size".to_string(), size.clone()], "--size must directly precede --tmpfs {dir}");
+        }
+        assert!(has(&a, &["--chdir", "/workspace"]));
+    }
+
+    #[test]
+    fn code_is_a_file_from_a_descriptor_not_an_argument() {
+        let a = argv(&env(), None, &[]);
+        assert!(has(&a, &["--file", "7", "/workspace/.main.py"]));
+        assert!(has(&a, &["--add-seccomp-fd", "8", "--add-seccomp-fd", "9"]));
+        let sep = pos(&a, &["--"]);
+        assert_eq!(&a[sep + 1..], &["python3", "/workspace/.main.py"]);
+    }
+
+    #[test]
+    fn host_root_binds_system_dirs_and_prepared_etc() {
+        let a = argv(&env(), None, &[]);
+        assert!(has(&a, &["--ro-bind", "/usr", "/usr"]));
+        assert!(has(&a, &["--symlink", "usr/bin", "/bin"]));
+        assert!(has(&a, &["--ro-bind", "/run/nsm/etc", "/etc"]));
+        // host /etc files go on top of the prepared /etc
+        assert!(
+            pos(&a, &["--ro-bind", "/etc/ld.so.cache"]) > pos(&a, &["--ro-bind", "/run/nsm/etc"])
+        );
+        assert!(!a.iter().any(|x| x == "/home" || x == "/root"));
+    }
+
+    #[test]
+    fn closure_root_shows_only_the_closure() {
+        let mut e = env();
+        e.root = RootFs::Closure {
+            store_paths: vec![
+                "/nix/store/aaa-python".into(),
+                "/nix/store/bbb-glibc".into(),
+            ],
+            links: vec![("/bin/sh".into(), "/nix/store/ccc-bash/bin/bash".into())],
+        };
+        let a = argv(&e, None, &[]);
+        assert!(has(
+            &a,
+            &[
+                "--ro-bind",
+                "/nix/store/aaa-python",
+                "/nix/store/aaa-python"
+            ]
+        ));
+        assert!(has(
+            &a,
+            &["--ro-bind", "/nix/store/bbb-glibc", "/nix/store/bbb-glibc"]
+        ));
+        assert!(has(
+            &a,
+            &["--symlink", "/nix/store/ccc-bash/bin/bash", "/bin/sh"]
+        ));
+        assert!(!a.iter().any(|x| x == "/usr" || x == "/etc/ld.so.cache"));
+    }
+}

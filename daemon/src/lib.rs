@@ -1,0 +1,22 @@
+//! nix-sandbox-mcp: an MCP server that runs code in bubblewrap sandboxes whose
+//! toolchains come from Nix (or, without Nix, from the host).
+//!
+//! Modules, each with one job: `config` (TOML and env vars), `registry`
+//! (environments by name), `jail` (environment + call → bwrap argv), `exec`
+//! (one run's lifecycle), `limits` (cgroups and rlimits), `seccomp` (the
+//! syscall filter), `platform` (what the host offers), `server` (the MCP
+//! surface), `app` (start-up wiring), `doctor` (diagnostics).
+
+pub mod app;
+pub mod capture;
+pub mod cli;
+pub mod config;
+pub mod doctor;
+pub mod environment;
+pub mod exec;
+pub mod jail;
+pub mod limits;
+pub mod platform;
+pub mod registry;
+pub mod seccomp;
+pub mod server;

@@ -1,0 +1,712 @@
+//! How resource limits are enforced on this host. Detects, once, the best
+//! mechanism available: a delegated cgroup v2 subtree, else cgroup v1 leaf groups
+//! (memory and pids), else rlimits alone. Keeps a pool of prepared leaf groups
+//! so no cgroup is created or removed on a call's critical path, and tells the
+//! caller which limit fired. Knows nothing about bubblewrap or MCP.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::environment::Limits;
+
+/// The active enforcement mechanism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    CgroupV2,
+    CgroupV1,
+    Rlimits,
+}
+
+impl Mechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::CgroupV2 => "cgroup v2",
+            Mechanism::CgroupV1 => "cgroup v1",
+            Mechanism::Rlimits => "rlimits",
+        }
+    }
+}
+
+/// Limits that fired during a run, as far as the mechanism can tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fired {
+    pub memory: bool,
+    pub pids: bool,
+}
+
+/// One resource limit to apply in the child before exec.
+#[derive(Debug, Clone, Copy)]
+pub struct Rlimit {
+    pub resource: rustix::process::Resource,
+    pub value: u64,
+}
+
+/// What the forked child must do before exec: prepared data, usable after fork
+/// without allocating.
+#[derive(Debug, Clone, Default)]
+pub struct ChildSetup {
+    /// Open `cgroup.procs` files; writing "0" moves the writer into the group.
+    pub join: Arc<Vec<OwnedFd>>,
+    pub rlimits: Vec<Rlimit>,
+}
+
+#[derive(Debug)]
+enum Hierarchy {
+    /// Run groups live in `container`, a directory of the unified hierarchy.
+    V2 { container: PathBuf },
+    /// Run groups live in `memory` and `pids`, containers in each v1 hierarchy.
+    V1 { memory: PathBuf, pids: PathBuf },
+}
+
+#[derive(Debug)]
+struct Group {
+    /// One directory per hierarchy (one for v2, memory and pids for v1).
+    dirs: Vec<PathBuf>,
+    /// Limits currently written to the group, to skip rewriting them.
+    applied: Option<(u64, u64)>,
+}
+
+#[derive(Debug)]
+struct Pool {
+    hierarchy: Hierarchy,
+    free: Mutex<Vec<Group>>,
+    next_id: Mutex<u64>,
+    /// Why cgroups are not used, when they are not.
+    note: Option<String>,
+}
+
+/// Decides and applies limits for every run of this daemon.
+#[derive(Debug)]
+pub struct Enforcer {
+    pool: Option<Arc<Pool>>,
+    /// Process-count allowance for rlimit mode: RLIMIT_NPROC counts every
+    /// process of the uid, so the limit is set relative to those already running.
+    nproc_baseline: u64,
+    fallback_note: Option<String>,
+}
+
+const CONTAINER_PREFIX: &str = "nix-sandbox-mcp-";
+
+impl Enforcer {
+    /// Probes the host. Never fails: the worst case is rlimits alone, with the
+    /// reason kept for `doctor`.
+    pub fn detect(sandbox_uid: u32) -> Enforcer {
+        let (pool, note) =
+            match detect_v2().or_else(|v2| detect_v1().map_err(|v1| format!("{v2}; {v1}"))) {
+                Ok(h) => (
+                    Some(Arc::new(Pool {
+                        hierarchy: h,
+                        free: Mutex::new(Vec::new()),
+                        next_id: Mutex::new(0),
+                        note: None,
+                    })),
+                    None,
+                ),
+                Err(why) => (None, Some(why)),
+            };
+        Enforcer {
+            pool,
+            nproc_baseline: count_processes_of(sandbox_uid),
+            fallback_note: note,
+        }
+    }
+
+    /// An enforcer that uses rlimits only (for tests and `--no-cgroups`).
+    pub fn rlimits_only(sandbox_uid: u32, why: &str) -> Enforcer {
+        Enforcer {
+            pool: None,
+            nproc_baseline: count_processes_of(sandbox_uid),
+            fallback_note: Some(why.to_string()),
+        }
+    }
+
+    pub fn mechanism(&self) -> Mechanism {
+        match self.pool.as_ref().map(|p| &p.hierarchy) {
+            Some(Hierarchy::V2 { .. }) => Mechanism::CgroupV2,
+            Some(Hierarchy::V1 { .. }) => Mechanism::CgroupV1,
+            None => Mechanism::Rlimits,
+        }
+    }
+
+    /// A sentence for `doctor` and `envs`.
+    pub fn describe(&self) -> String {
+        match (&self.pool, &self.fallback_note) {
+            (Some(p), _) => match &p.hierarchy {
+                Hierarchy::V2 { container } => format!(
+                    "cgroup v2 (memory, pids) under {}; rlimits for cpu, file size, open files",
+                    container.display()
+                ),
+                Hierarchy::V1 { memory, pids } => format!(
+                    "cgroup v1 leaf groups (memory under {}, pids under {}); rlimits for cpu, file size, open files",
+                    memory.display(),
+                    pids.display()
+                ),
+            }
+            .to_string()
+                + p.note.as_deref().unwrap_or(""),
+            (None, note) => format!(
+                "rlimits only (memory as RLIMIT_DATA, processes as RLIMIT_NPROC); no usable cgroup: {}",
+                note.as_deref().unwrap_or("not probed")
+            ),
+        }
+    }
+
+    /// Creates `count` groups ahead of time so runs never wait on mkdir.
+    pub fn warm(&self, count: usize) {
+        let Some(pool) = &self.pool else { return };
+        let mut made = Vec::new();
+        for _ in 0..count {
+            match pool.create_group() {
+                Ok(g) => made.push(g),
+                Err(e) => {
+                    tracing::warn!("cannot prepare a cgroup: {e}");
+                    break;
+                }
+            }
+        }
+        pool.free.lock().unwrap().extend(made);
+    }
+
+    /// Prepares limits for one run. With cgroups, takes a group from the pool,
+    /// sets its limits and opens its `cgroup.procs` for the child to join.
+    pub fn acquire(&self, limits: &Limits) -> io::Result<Lease> {
+        let mut setup = ChildSetup {
+            join: Arc::default(),
+            rlimits: self.rlimits(limits),
+        };
+        let Some(pool) = &self.pool else {
+            return Ok(Lease {
+                setup,
+                cgroup: None,
+            });
+        };
+        let mut group = match pool.free.lock().unwrap().pop() {
+            Some(g) => g,
+            None => pool.create_group()?,
+        };
+        pool.apply(&mut group, limits)?;
+        let mut fds = Vec::new();
+        for dir in &group.dirs {
+            let f = fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))?;
+            fds.push(OwnedFd::from(f));
+        }
+        setup.join = Arc::new(fds);
+        let before = pool.counters(&group);
+        Ok(Lease {
+            setup,
+            cgroup: Some(CgroupLease {
+                pool: pool.clone(),
+                group: Some(group),
+                before,
+            }),
+        })
+    }
+
+    fn rlimits(&self, limits: &Limits) -> Vec<Rlimit> {
+        use rustix::process::Resource;
+        let mut out = vec![
+            Rlimit {
+                resource: Resource::Cpu,
+                value: limits.cpu_seconds,
+            },
+            Rlimit {
+                resource: Resource::Fsize,
+                value: limits.file_size_bytes,
+            },
+            Rlimit {
+                resource: Resource::Nofile,
+                value: limits.open_files,
+            },
+            Rlimit {
+                resource: Resource::Core,
+                value: 0,
+            },
+        ];
+        if self.pool.is_none() {
+            out.push(Rlimit {
+                resource: Resource::Data,
+                value: limits.memory_bytes,
+            });
+            out.push(Rlimit {
+                resource: Resource::Nproc,
+                value: self.nproc_baseline + limits.pids,
+            });
+        }
+        out
+    }
+
+    /// Removes every prepared group (at shutdown).
+    pub fn cleanup(&self) {
+        if let Some(pool) = &self.pool {
+            for g in pool.free.lock().unwrap().drain(..) {
+                pool.remove_group(&g);
+            }
+            for c in pool.containers() {
+                let _ = fs::remove_dir(c);
+            }
+        }
+    }
+}
+
+/// Limits prepared for one run. Keep it alive until the run has ended, then
+/// call [`Lease::finish`].
+#[derive(Debug)]
+pub struct Lease {
+    pub setup: ChildSetup,
+    cgroup: Option<CgroupLease>,
+}
+
+#[derive(Debug)]
+struct CgroupLease {
+    pool: Arc<Pool>,
+    group: Option<Group>,
+    before: Counters,
+}
+
+impl Lease {
+    /// Kills every process still in the run's group (a backstop: the pid
+    /// namespace normally takes them all down with it).
+    pub fn kill_all(&self) {
+        if let Some(c) = &self.cgroup
+            && let Some(g) = &c.group
+        {
+            c.pool.kill_group(g);
+        }
+    }
+
+    /// Ends the run: reports which limits fired and returns the group to the pool
+    /// once it is empty.
+    pub fn finish(mut self) -> Fired {
+        let Some(mut c) = self.cgroup.take() else {
+            return Fired::default();
+        };
+        let group = c.group.take().expect("group present until finish");
+        let after = c.pool.counters(&group);
+        let fired = Fired {
+            memory: after.oom_kills > c.before.oom_kills,
+            pids: after.pids_max_hits > c.before.pids_max_hits,
+        };
+        self.setup.join = Arc::default();
+        if c.pool.wait_empty(&group, Duration::from_secs(2)) {
+            c.pool.free.lock().unwrap().push(group);
+        } else {
+            tracing::warn!("cgroup {:?} did not empty; discarding it", group.dirs);
+            c.pool.kill_group(&group);
+        }
+        fired
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.cgroup
+            && let Some(g) = c.group.take()
+        {
+            c.pool.kill_group(&g);
+            if c.pool.wait_empty(&g, Duration::from_secs(1)) {
+                c.pool.free.lock().unwrap().push(g);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    oom_kills: u64,
+    pids_max_hits: u64,
+}
+
+impl Pool {
+    fn containers(&self) -> Vec<PathBuf> {
+        match &self.hierarchy {
+            Hierarchy::V2 { container } => vec![container.clone()],
+            Hierarchy::V1 { memory, pids } => vec![memory.clone(), pids.clone()],
+        }
+    }
+
+    fn create_group(&self) -> io::Result<Group> {
+        let id = {
+            let mut n = self.next_id.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        let mut dirs = Vec::new();
+        for c in self.containers() {
+            let d = c.join(format!("run-{id}"));
+            match fs::create_dir(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            dirs.push(d);
+        }
+        Ok(Group {
+            dirs,
+            applied: None,
+        })
+    }
+
+    fn remove_group(&self, g: &Group) {
+        for d in &g.dirs {
+            let _ = fs::remove_dir(d);
+        }
+    }
+
+    fn apply(&self, g: &mut Group, limits: &Limits) -> io::Result<()> {
+        let wanted = (limits.memory_bytes, limits.pids);
+        if g.applied == Some(wanted) {
+            return Ok(());
+        }
+        match &self.hierarchy {
+            Hierarchy::V2 { .. } => {
+                let d = &g.dirs[0];
+                write_file(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
+                // No swap: the memory limit is the memory the run gets.
+                let _ = write_file(&d.join("memory.swap.max"), "0");
+                write_file(&d.join("pids.max"), &limits.pids.to_string())?;
+            }
+            Hierarchy::V1 { .. } => {
+                let mem = &g.dirs[0];
+                let memsw = mem.join("memory.memsw.limit_in_bytes");
+                let has_memsw = memsw.exists();
+                // memsw must stay >= the memory limit: lift it, set, then match.
+                if has_memsw {
+                    write_file(&memsw, "-1")?;
+                }
+                write_file(
+                    &mem.join("memory.limit_in_bytes"),
+                    &limits.memory_bytes.to_string(),
+                )?;
+                if has_memsw {
+                    write_file(&memsw, &limits.memory_bytes.to_string())?;
+                }
+                write_file(&g.dirs[1].join("pids.max"), &limits.pids.to_string())?;
+            }
+        }
+        g.applied = Some(wanted);
+        Ok(())
+    }
+
+    fn counters(&self, g: &Group) -> Counters {
+        let (mem_file, pids_file) = match &self.hierarchy {
+            Hierarchy::V2 { .. } => (
+                g.dirs[0].join("memory.events"),
+                g.dirs[0].join("pids.events"),
+            ),
+            Hierarchy::V1 { .. } => (
+                g.dirs[0].join("memory.oom_control"),
+                g.dirs[1].join("pids.events"),
+            ),
+        };
+        Counters {
+            oom_kills: read_key(&mem_file, "oom_kill").unwrap_or(0),
+            pids_max_hits: read_key(&pids_file, "max").unwrap_or(0),
+        }
+    }
+
+    fn pids_in(&self, g: &Group) -> Vec<i32> {
+        g.dirs
+            .iter()
+            .flat_map(|d| {
+                fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect()
+    }
+
+    fn kill_group(&self, g: &Group) {
+        if let Hierarchy::V2 { .. } = self.hierarchy
+            && write_file(&g.dirs[0].join("cgroup.kill"), "1").is_ok()
+        {
+            return;
+        }
+        for pid in self.pids_in(g) {
+            if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+        }
+    }
+
+    fn wait_empty(&self, g: &Group, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.pids_in(g).is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.kill_group(g);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn write_file(path: &Path, value: &str) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(value.as_bytes())
+}
+
+/// Reads `key N` from a flat-keyed cgroup file.
+fn read_key(path: &Path, key: &str) -> Option<u64> {
+    fs::read_to_string(path).ok()?.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// A mount from /proc/self/mountinfo.
+struct Mount {
+    root: String,
+    point: PathBuf,
+    fstype: String,
+    options: String,
+}
+
+fn mounts() -> Vec<Mount> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let pre: Vec<&str> = pre.split(' ').collect();
+            let post: Vec<&str> = post.split(' ').collect();
+            Some(Mount {
+                root: unescape_mount(pre.get(3)?),
+                point: PathBuf::from(unescape_mount(pre.get(4)?)),
+                fstype: post.first()?.to_string(),
+                options: post.get(2).unwrap_or(&"").to_string(),
+            })
+        })
+        .collect()
+}
+
+fn unescape_mount(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Our cgroup path in the hierarchy identified by `controller` ("" for v2).
+fn own_cgroup(controller: &str) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let id = parts.next()?;
+        let ctrls = parts.next()?;
+        let path = parts.next()?;
+        let matches = if controller.is_empty() {
+            id == "0" && ctrls.is_empty()
+        } else {
+            ctrls.split(',').any(|c| c == controller)
+        };
+        matches.then(|| path.to_string())
+    })
+}
+
+fn host_path(mount: &Mount, cgroup: &str) -> PathBuf {
+    let rel = cgroup
+        .strip_prefix(mount.root.trim_end_matches('/'))
+        .unwrap_or(cgroup);
+    mount.point.join(rel.trim_start_matches('/'))
+}
+
+fn container_name() -> String {
+    format!("{CONTAINER_PREFIX}{}", std::process::id())
+}
+
+/// Removes containers left behind by daemons that died without cleaning up.
+fn remove_stale_containers(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name
+            .strip_prefix(CONTAINER_PREFIX)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(runs) = fs::read_dir(e.path()) {
+            for r in runs.flatten() {
+                if r.path().is_dir() {
+                    let _ = fs::remove_dir(r.path());
+                }
+            }
+        }
+        let _ = fs::remove_dir(e.path());
+    }
+}
+
+fn detect_v2() -> Result<Hierarchy, String> {
+    let mount = mounts()
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2")
+        .ok_or("cgroup v2: not mounted")?;
+    let own = own_cgroup("").ok_or("cgroup v2: this process has no unified cgroup")?;
+    let base = host_path(&mount, &own);
+    let available = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+    for c in ["memory", "pids"] {
+        if !available.split_whitespace().any(|x| x == c) {
+            return Err(format!(
+                "cgroup v2: the {c} controller is not delegated to {}",
+                base.display()
+            ));
+        }
+    }
+    let is_root = own == "/";
+    let parent = if is_root {
+        base.clone()
+    } else {
+        // The "no internal processes" rule: controllers can only be enabled for
+        // children once our own group holds no processes, so we move into a leaf.
+        // That is only ours to do when we are alone in the group.
+        let procs =
+            fs::read_to_string(base.join("cgroup.procs")).map_err(|e| format!("cgroup v2: {e}"))?;
+        let me = std::process::id().to_string();
+        if procs.lines().any(|p| p.trim() != me) {
+            return Err(format!(
+                "cgroup v2: {} is shared with other processes, so it cannot be delegated (run the server in its own scope, e.g. `systemd-run --user --scope -p Delegate=yes nix-sandbox-mcp --stdio`)",
+                base.display()
+            ));
+        }
+        let leaf = base.join("daemon");
+        fs::create_dir_all(&leaf)
+            .map_err(|e| format!("cgroup v2: cannot create {}: {e}", leaf.display()))?;
+        write_file(&leaf.join("cgroup.procs"), "0")
+            .map_err(|e| format!("cgroup v2: cannot move into {}: {e}", leaf.display()))?;
+        base.clone()
+    };
+    remove_stale_containers(&parent);
+    write_file(&parent.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
+        format!(
+            "cgroup v2: cannot enable memory and pids in {}: {e}",
+            parent.display()
+        )
+    })?;
+    let container = parent.join(container_name());
+    fs::create_dir_all(&container)
+        .map_err(|e| format!("cgroup v2: cannot create {}: {e}", container.display()))?;
+    write_file(&container.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
+        let _ = fs::remove_dir(&container);
+        format!(
+            "cgroup v2: cannot enable controllers in {}: {e}",
+            container.display()
+        )
+    })?;
+    Ok(Hierarchy::V2 { container })
+}
+
+fn detect_v1() -> Result<Hierarchy, String> {
+    let all = mounts();
+    let mut dirs = Vec::new();
+    for controller in ["memory", "pids"] {
+        let mount = all
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.options.split(',').any(|o| o == controller))
+            .ok_or_else(|| format!("cgroup v1: no {controller} hierarchy"))?;
+        let own =
+            own_cgroup(controller).ok_or_else(|| format!("cgroup v1: no {controller} cgroup"))?;
+        let base = host_path(mount, &own);
+        remove_stale_containers(&base);
+        let container = base.join(container_name());
+        fs::create_dir_all(&container)
+            .map_err(|e| format!("cgroup v1: cannot create {}: {e}", container.display()))?;
+        dirs.push(container);
+    }
+    let pids = dirs.pop().expect("two hierarchies");
+    let memory = dirs.pop().expect("two hierarchies");
+    Ok(Hierarchy::V1 { memory, pids })
+}
+
+/// Processes currently owned by `uid` (for the RLIMIT_NPROC baseline).
+fn count_processes_of(uid: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| e.metadata().map(|m| m.uid() == uid).unwrap_or(false))
+        .count() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_flat_keyed_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("memory.events");
+        fs::write(&f, "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n").unwrap();
+        assert_eq!(read_key(&f, "oom_kill"), Some(2));
+        assert_eq!(read_key(&f, "max"), Some(3));
+        assert_eq!(read_key(&f, "absent"), None);
+    }
+
+    #[test]
+    fn maps_cgroup_paths_onto_mounts() {
+        let m = Mount {
+            root: "/".into(),
+            point: "/sys/fs/cgroup/memory".into(),
+            fstype: "cgroup".into(),
+            options: "rw,memory".into(),
+        };
+        assert_eq!(
+            host_path(&m, "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/memory/a/b")
+        );
+        let m = Mount {
+            root: "/a".into(),
+            ..m
+        };
+        assert_eq!(
+            host_path(&m, "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/memory/b")
+        );
+    }
+
+    #[test]
+    fn rlimit_mode_adds_memory_and_process_limits() {
+        let e = Enforcer::rlimits_only(u32::MAX, "test");
+        let l = Limits::resolve(Default::default());
+        let lease = e.acquire(&l).unwrap();
+        use rustix::process::Resource;
+        let data = lease
+            .setup
+            .rlimits
+            .iter()
+            .find(|r| r.resource == Resource::Data)
+            .unwrap();
+        assert_eq!(data.value, l.memory_bytes);
+        let nproc = lease
+            .setup
+            .rlimits
+            .iter()
+            .find(|r| r.resource == Resource::Nproc)
+            .unwrap();
+        assert_eq!(nproc.value, l.pids);
+        assert!(lease.setup.join.is_empty());
+        assert_eq!(lease.finish(), Fired::default());
+    }
+}

@@ -1,0 +1,221 @@
+//! What this host offers the sandbox, probed once at start-up: the bubblewrap
+//! binary and its features, the layout of the system directories, a prepared
+//! `/etc`, and the host identity bubblewrap runs as. Produces the jail's
+//! [`HostLayout`]; runs nothing inside a sandbox itself.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::jail::{HostLayout, SANDBOX_GID, SANDBOX_UID, SANDBOX_USER};
+
+/// Host uid and gid bubblewrap runs as when the daemon itself is root. Root's
+/// uid would otherwise stay 0 on the host side of the user namespace, where the
+/// kernel still grants it owner access to files such as /proc/sys/*.
+pub const UNPRIVILEGED_ID: u32 = 65534;
+
+#[derive(Debug)]
+pub struct Platform {
+    pub bwrap: PathBuf,
+    pub bwrap_version: String,
+    pub layout: HostLayout,
+    /// `(uid, gid)` to switch to before starting bubblewrap, when running as root.
+    pub run_as: Option<(u32, u32)>,
+    _runtime_dir: tempfile::TempDir,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlatformError {
+    #[error("bubblewrap (bwrap) is not installed or not on PATH")]
+    NoBwrap,
+    #[error("cannot run {path}: {error}")]
+    BwrapBroken { path: PathBuf, error: String },
+    #[error("cannot prepare the sandbox's runtime directory: {0}")]
+    RuntimeDir(std::io::Error),
+}
+
+impl PlatformError {
+    /// A concrete next step for the operator.
+    pub fn fix(&self) -> String {
+        match self {
+            PlatformError::NoBwrap => "install bubblewrap: `apt install bubblewrap` (Debian/Ubuntu), `dnf install bubblewrap` (Fedora), `pacman -S bubblewrap` (Arch), or run the Nix package, which brings its own".to_string(),
+            PlatformError::BwrapBroken { .. } => "reinstall bubblewrap, or put a working `bwrap` first on PATH".to_string(),
+            PlatformError::RuntimeDir(_) => "make sure $TMPDIR (or /tmp) exists and is writable".to_string(),
+        }
+    }
+}
+
+impl Platform {
+    pub fn probe() -> Result<Platform, PlatformError> {
+        let bwrap = which::which("bwrap").map_err(|_| PlatformError::NoBwrap)?;
+        let run = |arg: &str| {
+            Command::new(&bwrap)
+                .arg(arg)
+                .output()
+                .map_err(|e| PlatformError::BwrapBroken {
+                    path: bwrap.clone(),
+                    error: e.to_string(),
+                })
+        };
+        let version = run("--version")?;
+        let bwrap_version = String::from_utf8_lossy(&version.stdout)
+            .trim()
+            .trim_start_matches("bubblewrap ")
+            .to_string();
+        let help = run("--help")?;
+        let help = String::from_utf8_lossy(&help.stdout).into_owned()
+            + &String::from_utf8_lossy(&help.stderr);
+
+        let runtime_dir = tempfile::Builder::new()
+            .prefix("nix-sandbox-mcp-")
+            .tempdir()
+            .map_err(PlatformError::RuntimeDir)?;
+        let mut layout = probe_layout();
+        layout.disable_userns = help.contains("--disable-userns");
+        layout.add_seccomp_fd = help.contains("--add-seccomp-fd");
+        layout.etc_dir =
+            prepare_etc(runtime_dir.path(), &layout).map_err(PlatformError::RuntimeDir)?;
+        let run_as = rustix::process::geteuid()
+            .is_root()
+            .then_some((UNPRIVILEGED_ID, UNPRIVILEGED_ID));
+        Ok(Platform {
+            bwrap,
+            bwrap_version,
+            layout,
+            run_as,
+            _runtime_dir: runtime_dir,
+        })
+    }
+
+    /// The host uid whose processes count against the sandbox's process limit.
+    pub fn sandbox_host_uid(&self) -> u32 {
+        self.run_as
+            .map(|(u, _)| u)
+            .unwrap_or_else(|| rustix::process::geteuid().as_raw())
+    }
+}
+
+const SYSTEM_TOP_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+const ETC_HOST: &[&str] = &["/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"];
+const ETC_NETWORK: &[&str] = &[
+    "/etc/resolv.conf",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+];
+
+/// System directories as they are on this host (merged /usr or not).
+pub fn probe_layout() -> HostLayout {
+    let mut layout = HostLayout::default();
+    for d in SYSTEM_TOP_DIRS {
+        let p = Path::new(d);
+        match fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(target) = fs::read_link(p) {
+                    layout.system_links.push((target, p.to_path_buf()));
+                }
+            }
+            Ok(m) if m.is_dir() => layout.system_dirs.push(p.to_path_buf()),
+            _ => {}
+        }
+    }
+    let existing = |list: &[&str]| -> Vec<PathBuf> {
+        list.iter()
+            .map(PathBuf::from)
+            .filter(|p| p.exists())
+            .collect()
+    };
+    layout.etc_host = existing(ETC_HOST);
+    layout.etc_network = existing(ETC_NETWORK);
+    layout
+}
+
+/// Writes the sandbox's `/etc`: its own passwd, group and hosts, plus empty
+/// mount points for the host entries bound on top.
+fn prepare_etc(runtime: &Path, layout: &HostLayout) -> std::io::Result<PathBuf> {
+    fs::set_permissions(runtime, fs::Permissions::from_mode(0o755))?;
+    let etc = runtime.join("etc");
+    fs::create_dir(&etc)?;
+    let files = [
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/bin/sh\n{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_GID}:{SANDBOX_USER}:{}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+                crate::jail::WORKSPACE
+            ),
+        ),
+        (
+            "group",
+            format!("root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"),
+        ),
+        (
+            "hosts",
+            format!(
+                "127.0.0.1 localhost {0}\n::1 localhost {0}\n",
+                crate::jail::HOSTNAME
+            ),
+        ),
+    ];
+    for (name, text) in files {
+        fs::write(etc.join(name), text)?;
+    }
+    for host in layout.etc_host.iter().chain(&layout.etc_network) {
+        let Some(name) = host.file_name() else {
+            continue;
+        };
+        let target = etc.join(name);
+        if target.exists() {
+            continue;
+        }
+        if host.is_dir() {
+            fs::create_dir(&target)?;
+        } else {
+            fs::write(&target, "")?;
+        }
+    }
+    for entry in fs::read_dir(&etc)? {
+        let entry = entry?;
+        let mode = if entry.path().is_dir() { 0o755 } else { 0o644 };
+        fs::set_permissions(entry.path(), fs::Permissions::from_mode(mode))?;
+    }
+    fs::set_permissions(&etc, fs::Permissions::from_mode(0o755))?;
+    Ok(etc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepared_etc_has_identity_and_mount_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = HostLayout {
+            etc_host: vec!["/etc/ld.so.cache".into()],
+            etc_network: vec!["/etc/ssl".into()],
+            ..Default::default()
+        };
+        let etc = prepare_etc(dir.path(), &layout).unwrap();
+        let passwd = fs::read_to_string(etc.join("passwd")).unwrap();
+        assert!(passwd.contains("sandbox:x:1000:1000:sandbox:/workspace:"));
+        assert!(etc.join("ld.so.cache").is_file());
+        assert!(etc.join("hosts").is_file());
+        if Path::new("/etc/ssl").is_dir() {
+            assert!(etc.join("ssl").is_dir());
+        }
+    }
+
+    #[test]
+    fn layout_finds_usr() {
+        let l = probe_layout();
+        assert!(l.system_dirs.contains(&PathBuf::from("/usr")));
+        assert!(!l.etc_host.iter().any(|p| p.ends_with("shadow")));
+    }
+}

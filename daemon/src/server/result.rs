@@ -1,0 +1,399 @@
+//! Tool results: the structured content (matching the published output schema)
+//! and the readable text block, for runs and for errors. Every error carries a
+//! stable code and a one-line suggestion of what to do next.
+
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde_json::{Map, Value, json};
+
+use crate::environment::Limits;
+use crate::exec::{LimitKind, Outcome};
+
+/// Stable, machine-readable error codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    ExitNonzero,
+    KilledBySignal,
+    Timeout,
+    MemoryLimit,
+    ProcessLimit,
+    CpuLimit,
+    OutputLimit,
+    FileSizeLimit,
+    Cancelled,
+    UnknownEnv,
+    InvalidInput,
+    Busy,
+    SandboxUnavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::ExitNonzero => "exit_nonzero",
+            ErrorCode::KilledBySignal => "killed_by_signal",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::MemoryLimit => "memory_limit",
+            ErrorCode::ProcessLimit => "process_limit",
+            ErrorCode::CpuLimit => "cpu_limit",
+            ErrorCode::OutputLimit => "output_limit",
+            ErrorCode::FileSizeLimit => "file_size_limit",
+            ErrorCode::Cancelled => "cancelled",
+            ErrorCode::UnknownEnv => "unknown_env",
+            ErrorCode::InvalidInput => "invalid_input",
+            ErrorCode::Busy => "busy",
+            ErrorCode::SandboxUnavailable => "sandbox_unavailable",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+/// An error as the agent sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub suggestion: String,
+}
+
+impl ToolError {
+    pub fn new(
+        code: ErrorCode,
+        message: impl Into<String>,
+        suggestion: impl Into<String>,
+    ) -> ToolError {
+        ToolError {
+            code,
+            message: message.into(),
+            suggestion: suggestion.into(),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"code": self.code.as_str(), "message": self.message, "suggestion": self.suggestion})
+    }
+
+    fn to_text(&self) -> String {
+        format!(
+            "error[{}]: {}\nnext: {}",
+            self.code.as_str(),
+            self.message,
+            self.suggestion
+        )
+    }
+}
+
+/// The output schema of `run`: one shape for every result, success or error.
+pub fn output_schema() -> Map<String, Value> {
+    let int_or_null = json!({"type": ["integer", "null"]});
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "env": {"type": "string"},
+            "exit_code": int_or_null,
+            "signal": {"type": ["string", "null"]},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "duration_ms": {"type": "integer"},
+            "timed_out": {"type": "boolean"},
+            "limit": {"type": ["string", "null"], "description": "limit that ended the run"},
+            "limits_reached": {"type": "array", "items": {"type": "string"}},
+            "stdout_dropped_bytes": {"type": "integer"},
+            "stderr_dropped_bytes": {"type": "integer"},
+            "error": {
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "suggestion": {"type": "string"}
+                },
+                "required": ["code", "message", "suggestion"]
+            }
+        },
+        "required": ["ok"]
+    });
+    match schema {
+        Value::Object(m) => m,
+        _ => unreachable!("schema literal is an object"),
+    }
+}
+
+/// A result for an error that happened before any code ran.
+pub fn error_result(err: &ToolError) -> CallToolResult {
+    let mut r = CallToolResult::structured_error(json!({"ok": false, "error": err.to_json()}));
+    r.content = vec![ContentBlock::text(err.to_text())];
+    r
+}
+
+/// The error a finished run amounts to, if any.
+pub fn run_error(o: &Outcome, limits: &Limits) -> Option<ToolError> {
+    let timeout_ms = limits.timeout.as_millis();
+    let e =
+        |code, message: String, suggestion: &str| Some(ToolError::new(code, message, suggestion));
+    if o.cancelled {
+        return e(
+            ErrorCode::Cancelled,
+            "the run was cancelled and its sandbox killed".into(),
+            "Run it again if you still need the result.",
+        );
+    }
+    match o.limit {
+        Some(LimitKind::Timeout) => {
+            return e(
+                ErrorCode::Timeout,
+                format!(
+                    "the run exceeded its {timeout_ms} ms time limit; the whole sandbox was killed"
+                ),
+                "Make the code faster or do less per call (for example split the work, or run a subset of the tests).",
+            );
+        }
+        Some(LimitKind::Memory) => {
+            return e(
+                ErrorCode::MemoryLimit,
+                format!(
+                    "the run used more than its {} MiB memory limit and was killed",
+                    limits.memory_bytes >> 20
+                ),
+                "Use less memory: process data in chunks or stream it instead of loading it whole.",
+            );
+        }
+        Some(LimitKind::Processes) => {
+            return e(
+                ErrorCode::ProcessLimit,
+                format!(
+                    "the run hit its limit of {} processes and threads",
+                    limits.pids
+                ),
+                "Start fewer processes or threads (lower the worker count of test runners or builds).",
+            );
+        }
+        Some(LimitKind::Cpu) => {
+            return e(
+                ErrorCode::CpuLimit,
+                format!(
+                    "a process used more than {} s of CPU time and was stopped",
+                    limits.cpu_seconds
+                ),
+                "Do less computation per call.",
+            );
+        }
+        Some(LimitKind::Output) => {
+            return e(
+                ErrorCode::OutputLimit,
+                format!(
+                    "the run wrote more than {} MiB of output and was killed",
+                    limits.output_limit_bytes >> 20
+                ),
+                "Print less: filter the output (grep, head, tail) or write it to a file under /workspace and print a summary.",
+            );
+        }
+        Some(LimitKind::FileSize) => {
+            return e(
+                ErrorCode::FileSizeLimit,
+                format!(
+                    "a file grew beyond the {} MiB file size limit",
+                    limits.file_size_bytes >> 20
+                ),
+                "Write smaller files.",
+            );
+        }
+        None => {}
+    }
+    match (o.exit_code, o.signal) {
+        (Some(0), _) => None,
+        (_, Some(sig)) => e(
+            ErrorCode::KilledBySignal,
+            format!("the program was killed by {}", signal_name(sig)),
+            "Read stderr above; the program crashed or killed itself.",
+        ),
+        (Some(code), None) => e(
+            ErrorCode::ExitNonzero,
+            format!("the program exited with status {code}"),
+            "Read stderr above, fix the code, and run it again.",
+        ),
+        (None, None) => e(
+            ErrorCode::Internal,
+            "the sandbox ended without an exit status".into(),
+            "Run it again; if it keeps happening, check the server's log.",
+        ),
+    }
+}
+
+/// The result of a finished run.
+pub fn run_result(env: &str, o: &Outcome, limits: &Limits) -> CallToolResult {
+    let err = run_error(o, limits);
+    let mut v = json!({
+        "ok": err.is_none(),
+        "env": env,
+        "exit_code": o.exit_code,
+        "signal": o.signal.map(signal_name),
+        "stdout": o.stdout.text,
+        "stderr": o.stderr.text,
+        "duration_ms": o.duration.as_millis() as u64,
+        "timed_out": o.timed_out,
+        "limit": o.limit.map(LimitKind::as_str),
+        "limits_reached": o.limits_reached.iter().map(|l| l.as_str()).collect::<Vec<_>>(),
+        "stdout_dropped_bytes": o.stdout.dropped_bytes,
+        "stderr_dropped_bytes": o.stderr.dropped_bytes,
+    });
+    if let Some(e) = &err {
+        v["error"] = e.to_json();
+    }
+    let text = run_text(env, o, err.as_ref());
+    let mut r = match err {
+        Some(_) => CallToolResult::structured_error(v),
+        None => CallToolResult::structured(v),
+    };
+    r.content = vec![ContentBlock::text(text)];
+    r
+}
+
+fn run_text(env: &str, o: &Outcome, err: Option<&ToolError>) -> String {
+    let status = match (o.exit_code, o.signal) {
+        _ if o.timed_out => "timed out".to_string(),
+        _ if o.cancelled => "cancelled".to_string(),
+        (_, Some(s)) => format!("killed by {}", signal_name(s)),
+        (Some(c), None) => format!("exit {c}"),
+        (None, None) => "no exit status".to_string(),
+    };
+    let mut t = format!("[{env}] {status} in {} ms\n", o.duration.as_millis());
+    for (name, c) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
+        if c.total_bytes > 0 {
+            t.push_str(&format!("--- {name} ---\n{}", c.text));
+            if !c.text.ends_with('\n') {
+                t.push('\n');
+            }
+        }
+    }
+    if o.stdout.total_bytes == 0 && o.stderr.total_bytes == 0 {
+        t.push_str("(no output)\n");
+    }
+    if let Some(e) = err {
+        t.push_str(&e.to_text());
+    }
+    t.trim_end().to_string()
+}
+
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::Captured;
+    use std::time::Duration;
+
+    fn outcome(exit: Option<i32>, signal: Option<i32>, limit: Option<LimitKind>) -> Outcome {
+        Outcome {
+            exit_code: exit,
+            signal,
+            stdout: Captured {
+                text: "out\n".into(),
+                total_bytes: 4,
+                dropped_bytes: 0,
+            },
+            stderr: Captured::default(),
+            duration: Duration::from_millis(12),
+            timed_out: limit == Some(LimitKind::Timeout),
+            cancelled: false,
+            limit,
+            limits_reached: limit.into_iter().collect(),
+        }
+    }
+
+    fn structured(r: &CallToolResult) -> &Value {
+        r.structured_content.as_ref().unwrap()
+    }
+
+    #[test]
+    fn success_is_not_an_error_and_matches_schema_shape() {
+        let l = Limits::resolve(Default::default());
+        let r = run_result("python", &outcome(Some(0), None, None), &l);
+        assert_eq!(r.is_error, Some(false));
+        let s = structured(&r);
+        assert_eq!(s["ok"], true);
+        assert_eq!(s["exit_code"], 0);
+        assert!(s.get("error").is_none());
+        let schema = output_schema();
+        for key in s.as_object().unwrap().keys() {
+            assert!(
+                schema["properties"].get(key).is_some(),
+                "{key} missing from schema"
+            );
+        }
+    }
+
+    #[test]
+    fn nonzero_exit_is_an_error_with_code() {
+        let l = Limits::resolve(Default::default());
+        let r = run_result("bash", &outcome(Some(3), None, None), &l);
+        assert_eq!(r.is_error, Some(true));
+        assert_eq!(structured(&r)["error"]["code"], "exit_nonzero");
+        let text = match &r.content[0] {
+            ContentBlock::Text(t) => t.text.clone(),
+            _ => panic!(),
+        };
+        assert!(text.starts_with("[bash] exit 3 in 12 ms"), "{text}");
+        assert!(text.contains("error[exit_nonzero]"), "{text}");
+        assert!(text.contains("next: "), "{text}");
+    }
+
+    #[test]
+    fn limits_map_to_codes() {
+        let l = Limits::resolve(Default::default());
+        for (limit, code) in [
+            (LimitKind::Timeout, "timeout"),
+            (LimitKind::Memory, "memory_limit"),
+            (LimitKind::Processes, "process_limit"),
+            (LimitKind::Cpu, "cpu_limit"),
+            (LimitKind::Output, "output_limit"),
+            (LimitKind::FileSize, "file_size_limit"),
+        ] {
+            let r = run_result("x", &outcome(None, Some(9), Some(limit)), &l);
+            assert_eq!(structured(&r)["error"]["code"], code);
+            assert_eq!(structured(&r)["limit"], limit.as_str());
+        }
+    }
+
+    #[test]
+    fn error_result_has_code_and_suggestion_in_both_forms() {
+        let e = ToolError::new(
+            ErrorCode::UnknownEnv,
+            "no env \"ruby\"",
+            "Use one of: bash, python.",
+        );
+        let r = error_result(&e);
+        assert_eq!(r.is_error, Some(true));
+        assert_eq!(structured(&r)["error"]["code"], "unknown_env");
+        assert_eq!(structured(&r)["ok"], false);
+        match &r.content[0] {
+            ContentBlock::Text(t) => {
+                assert!(t.text.contains("unknown_env") && t.text.contains("bash, python"));
+            }
+            _ => panic!(),
+        }
+    }
+}
