@@ -27,24 +27,6 @@ pub struct ServerSettings {
     pub max_concurrent_runs: Option<Positive>,
     /// Calls allowed to wait for a slot; beyond this a call fails at once with `busy`.
     pub max_queued_runs: Option<u32>,
-    /// JSON Lines audit log; off when absent.
-    pub audit_log: Option<AbsolutePath>,
-    /// Also record the code of each run in the audit log.
-    #[serde(default)]
-    pub audit_log_code: bool,
-    /// Also record the captured output of each run in the audit log.
-    #[serde(default)]
-    pub audit_log_output: bool,
-    /// Background jobs kept at once (running or finished).
-    pub max_jobs: Option<Positive>,
-    /// Seconds a finished background job is kept before it is forgotten.
-    pub job_retention_seconds: Option<Positive>,
-    /// Stateful sessions alive at once.
-    pub max_sessions: Option<Positive>,
-    /// Seconds a session may sit idle before it is closed.
-    pub session_idle_seconds: Option<Positive>,
-    /// Seconds a session may live in total.
-    pub session_max_lifetime_seconds: Option<Positive>,
 }
 
 /// Resource limits and output caps; every field optional so that layers
@@ -82,7 +64,8 @@ impl LimitSettings {
 
 #[derive(Debug, Clone, Default)]
 pub struct ProjectSettings {
-    /// Host directory mounted into every sandbox; `None` means the current directory.
+    /// Host directory mounted into every sandbox, relative to the current
+    /// directory; `None` means the current directory.
     pub path: Option<PathBuf>,
     /// True when the path came from the config file or `PROJECT_DIR`, not the default.
     pub path_is_explicit: bool,
@@ -295,13 +278,9 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
         defaults: raw.defaults,
         project: ProjectSettings {
             path_is_explicit: raw.project.path.is_some(),
-            path: raw.project.path.map(|p| {
-                if p.is_relative() {
-                    file.parent().unwrap_or(Path::new(".")).join(p)
-                } else {
-                    p
-                }
-            }),
+            // A relative path is relative to the directory the server starts in
+            // (as "." for the current directory), not to the config file.
+            path: raw.project.path,
             mount_point: raw.project.mount_point.unwrap_or_default(),
             mode: raw.project.mode.unwrap_or_default(),
             use_flake: raw.project.use_flake,
@@ -623,7 +602,7 @@ file_name = "main.rb"
         )
         .unwrap();
         assert_eq!(c.defaults.timeout_ms, Some(Millis(5000)));
-        assert_eq!(c.project.path, Some(PathBuf::from("/etc/src")));
+        assert_eq!(c.project.path, Some(PathBuf::from("src")));
         assert_eq!(c.project.mount_point.0, "/code");
         assert_eq!(c.project.mode, ProjectMode::Readwrite);
         assert_eq!(c.project.inherit_env[0].0, "DATABASE_URL");
@@ -717,6 +696,46 @@ file_name = "main.rb"
             .unwrap_err()
             .to_string();
         assert!(e.contains("PROJECT_MOUNT"), "{e}");
+    }
+
+    #[test]
+    fn example_config_parses_and_documents_every_key() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config.example.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        parse(&text, &path).unwrap();
+        let keys = [
+            "max_concurrent_runs",
+            "max_queued_runs",
+            "timeout_ms",
+            "memory_mb",
+            "pids",
+            "cpu_seconds",
+            "file_size_mb",
+            "open_files",
+            "workspace_mb",
+            "output_bytes",
+            "output_limit_mb",
+            "path",
+            "mount_point",
+            "mode",
+            "use_flake",
+            "vars",
+            "preset",
+            "interpreter",
+            "flake",
+            "description",
+            "file_name",
+            "network",
+            "seccomp_allow",
+        ];
+        for k in keys {
+            assert!(
+                text.contains(&format!("{k} ="))
+                    || text.contains(&format!("{k}  ="))
+                    || text.contains(&format!("{k}    =")),
+                "{k} undocumented"
+            );
+        }
     }
 
     #[test]

@@ -362,7 +362,11 @@ mod tests {
         let size = env().limits.workspace_bytes.to_string();
         for dir in ["/workspace", "/tmp", "/dev/shm"] {
             let i = pos(&a, &["--tmpfs", dir]);
-            assert_eq!(&a[i - 2..i], &["--size".to_string(), size.clone()], "--size must directly precede --tmpfs {dir}");
+            assert_eq!(
+                &a[i - 2..i],
+                &["--size".to_string(), size.clone()],
+                "--size must directly precede --tmpfs {dir}"
+            );
         }
         assert!(has(&a, &["--chdir", "/workspace"]));
     }

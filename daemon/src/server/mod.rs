@@ -54,7 +54,7 @@ impl SandboxServer {
             .max()
             .unwrap_or(16 * 1024);
         let tool = tool::run_tool(&envs, shared.project.as_ref(), output_bytes);
-        let instructions = tool::instructions(&envs, shared.project.as_ref());
+        let instructions = tool::instructions(&envs);
         SandboxServer {
             shared: Arc::new(shared),
             tool: Arc::new(tool),

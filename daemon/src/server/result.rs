@@ -84,30 +84,28 @@ impl ToolError {
 }
 
 /// The output schema of `run`: one shape for every result, success or error.
+/// Fields that do not apply (an exit code after a kill, a signal after a normal
+/// exit) are left out rather than null, which keeps the schema small.
 pub fn output_schema() -> Map<String, Value> {
-    let int_or_null = json!({"type": ["integer", "null"]});
+    let t = |ty: &str| json!({"type": ty});
     let schema = json!({
         "type": "object",
         "properties": {
-            "ok": {"type": "boolean"},
-            "env": {"type": "string"},
-            "exit_code": int_or_null,
-            "signal": {"type": ["string", "null"]},
-            "stdout": {"type": "string"},
-            "stderr": {"type": "string"},
-            "duration_ms": {"type": "integer"},
-            "timed_out": {"type": "boolean"},
-            "limit": {"type": ["string", "null"], "description": "limit that ended the run"},
-            "limits_reached": {"type": "array", "items": {"type": "string"}},
-            "stdout_dropped_bytes": {"type": "integer"},
-            "stderr_dropped_bytes": {"type": "integer"},
+            "ok": t("boolean"),
+            "env": t("string"),
+            "exit_code": t("integer"),
+            "signal": t("string"),
+            "stdout": t("string"),
+            "stderr": t("string"),
+            "duration_ms": t("integer"),
+            "timed_out": t("boolean"),
+            "limit": t("string"),
+            "limits_reached": {"type": "array", "items": t("string")},
+            "stdout_dropped_bytes": t("integer"),
+            "stderr_dropped_bytes": t("integer"),
             "error": {
                 "type": "object",
-                "properties": {
-                    "code": {"type": "string"},
-                    "message": {"type": "string"},
-                    "suggestion": {"type": "string"}
-                },
+                "properties": {"code": t("string"), "message": t("string"), "suggestion": t("string")},
                 "required": ["code", "message", "suggestion"]
             }
         },
@@ -226,17 +224,23 @@ pub fn run_result(env: &str, o: &Outcome, limits: &Limits) -> CallToolResult {
     let mut v = json!({
         "ok": err.is_none(),
         "env": env,
-        "exit_code": o.exit_code,
-        "signal": o.signal.map(signal_name),
         "stdout": o.stdout.text,
         "stderr": o.stderr.text,
         "duration_ms": o.duration.as_millis() as u64,
         "timed_out": o.timed_out,
-        "limit": o.limit.map(LimitKind::as_str),
         "limits_reached": o.limits_reached.iter().map(|l| l.as_str()).collect::<Vec<_>>(),
         "stdout_dropped_bytes": o.stdout.dropped_bytes,
         "stderr_dropped_bytes": o.stderr.dropped_bytes,
     });
+    if let Some(code) = o.exit_code {
+        v["exit_code"] = json!(code);
+    }
+    if let Some(sig) = o.signal {
+        v["signal"] = json!(signal_name(sig));
+    }
+    if let Some(limit) = o.limit {
+        v["limit"] = json!(limit.as_str());
+    }
     if let Some(e) = &err {
         v["error"] = e.to_json();
     }

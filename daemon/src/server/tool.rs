@@ -22,8 +22,8 @@ pub fn run_tool(
     let input = json!({
         "type": "object",
         "properties": {
-            "code": {"type": "string", "description": "Program text; run as a file by the env's interpreter (bash: a script)."},
-            "env": {"type": "string", "enum": names, "description": "Environment to run in."}
+            "code": {"type": "string", "description": "Program text (for bash, a script)"},
+            "env": {"type": "string", "enum": names}
         },
         "required": ["code", "env"],
         "additionalProperties": false
@@ -35,11 +35,10 @@ pub fn run_tool(
         Arc::new(object(input)),
     )
     .with_raw_output_schema(Arc::new(super::result::output_schema()))
+    // Only the hints whose defaults would be wrong (destructive, open world).
     .with_annotations(
-        ToolAnnotations::with_title("Run code in a sandbox")
-            .read_only(false)
+        ToolAnnotations::new()
             .destructive(false)
-            .idempotent(false)
             .open_world(any_network),
     )
 }
@@ -49,33 +48,48 @@ fn description(
     project: Option<&ProjectMount>,
     output_bytes: usize,
 ) -> String {
-    let mut d = String::from("Run code in a fresh, isolated sandbox. Environments:\n");
+    let timeout = |e: &Environment| {
+        format!(
+            "{}s",
+            trim_float(e.limits.timeout.as_millis() as f64 / 1000.0)
+        )
+    };
+    let common_timeout = envs
+        .first()
+        .map(|e| timeout(e))
+        .filter(|t| envs.iter().all(|e| timeout(e) == *t));
+    let mut d = String::from("Run code in a fresh, isolated sandbox. Envs:\n");
     for e in envs {
-        let secs = e.limits.timeout.as_millis() as f64 / 1000.0;
-        let net = if e.network { ", network" } else { "" };
-        d.push_str(&format!(
-            "- {}: {} ({}s{net})\n",
-            e.name,
-            e.description,
-            trim_float(secs)
-        ));
+        let mut notes = Vec::new();
+        if common_timeout.is_none() {
+            notes.push(format!("limit {}", timeout(e)));
+        }
+        if e.network {
+            notes.push("network".to_string());
+        }
+        let notes = if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join(", "))
+        };
+        d.push_str(&format!("- {}: {}{notes}\n", e.name, e.description));
+    }
+    if let Some(t) = &common_timeout {
+        d.push_str(&format!("Time limit {t}. "));
     }
     if !envs.iter().all(|e| e.network) {
         d.push_str("No network unless marked. ");
     }
     match project {
         Some(p) if p.writable => d.push_str(&format!(
-            "The user's project is at {} (writable: changes are real). ",
+            "Project: {} (writable, changes are real). ",
             p.mount_point
         )),
-        Some(p) => d.push_str(&format!(
-            "The user's project is at {} (read-only). ",
-            p.mount_point
-        )),
+        Some(p) => d.push_str(&format!("Project: {} (read-only). ", p.mount_point)),
         None => {}
     }
     d.push_str(&format!(
-        "/workspace is the writable working directory and HOME, empty at the start of each call. Output over {} KiB per stream keeps its head and tail.",
+        "Writable: /workspace (cwd and HOME, empty each call). Output beyond {} KiB per stream keeps head and tail.",
         output_bytes / 1024
     ));
     d
@@ -87,17 +101,14 @@ fn trim_float(v: f64) -> String {
 }
 
 /// Server instructions: how to choose an environment.
-pub fn instructions(envs: &[Arc<Environment>], project: Option<&ProjectMount>) -> String {
-    let has = |n: &str| envs.iter().any(|e| e.name == n);
-    let mut s = String::from("Use `run` to execute code instead of guessing its result. ");
-    if has("bash") {
-        s.push_str("Use env bash for shell commands and the project's own tools (tests, builds, grep, git); ");
+pub fn instructions(envs: &[Arc<Environment>]) -> String {
+    let mut s = String::from("Execute code with `run` instead of guessing its result. ");
+    if envs.iter().any(|e| e.name == "bash") {
+        s.push_str("Use bash for shell commands and the project's own tools (tests, builds, git); otherwise the env of the code's language. ");
+    } else {
+        s.push_str("Pick the env of the code's language. ");
     }
-    s.push_str("use the language's env for snippets in that language. ");
-    if let Some(p) = project {
-        s.push_str(&format!("Read project files under {}. ", p.mount_point));
-    }
-    s.push_str("Each call starts from a clean sandbox: create and use files within one call. A failed run (non-zero exit, timeout, limit) is an error result with stdout, stderr and a suggestion.");
+    s.push_str("Each call is a fresh sandbox. Failures (non-zero exit, timeout, limit) return isError with stdout, stderr and a suggestion.");
     s
 }
 

@@ -1,0 +1,345 @@
+//! The command line as a user meets it: run, envs, doctor, configuration
+//! errors, and --stdio failing fast when the sandbox cannot work.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nix-sandbox-mcp");
+
+fn cli(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("RUST_LOG")
+        .env("PROJECT_DIR", project_dir());
+    c
+}
+
+fn project_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn out(c: &mut Command) -> Output {
+    c.output().expect("binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn config(dir: &Path, toml: &str) -> PathBuf {
+    let p = dir.join("config.toml");
+    std::fs::write(&p, toml).unwrap();
+    p
+}
+
+#[test]
+fn help_documents_commands_configuration_and_environment() {
+    let o = out(&mut cli(&["--help"]));
+    assert!(o.status.success());
+    let h = text(&o.stdout);
+    for s in [
+        "--stdio",
+        "run",
+        "envs",
+        "doctor",
+        "--config",
+        "PROJECT_DIR",
+        "PROJECT_MOUNT",
+        "NIX_SANDBOX_DIR",
+        "NIX_SANDBOX_ENVS",
+        "EXIT STATUS",
+        "EXAMPLES",
+    ] {
+        assert!(h.contains(s), "--help lacks {s}");
+    }
+    let o = out(&mut cli(&["run", "--help"]));
+    assert!(text(&o.stdout).contains("standard input"));
+}
+
+#[test]
+fn without_arguments_it_says_what_to_do() {
+    let o = out(&mut cli(&[]));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("--stdio"));
+}
+
+#[test]
+fn run_streams_output_and_passes_the_exit_code_through() {
+    let o = out(&mut cli(&[
+        "run",
+        "--env",
+        "bash",
+        "echo hi; echo err >&2; exit 7",
+    ]));
+    assert_eq!(o.status.code(), Some(7));
+    assert_eq!(text(&o.stdout), "hi\n");
+    assert_eq!(text(&o.stderr), "err\n");
+    let o = out(&mut cli(&["run", "-e", "shell", "ls /project/Cargo.toml"]));
+    assert_eq!(
+        text(&o.stdout),
+        "/project/Cargo.toml\n",
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn run_reads_code_from_a_file_or_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("s.py");
+    std::fs::write(&f, "print('from file')").unwrap();
+    let o = out(&mut cli(&[
+        "run",
+        "--env",
+        "python",
+        "-f",
+        f.to_str().unwrap(),
+    ]));
+    assert_eq!(text(&o.stdout), "from file\n");
+
+    let mut child = cli(&["run", "--env", "node", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"console.log('from stdin')")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(text(&o.stdout), "from stdin\n");
+}
+
+#[test]
+fn run_timeout_exits_124_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "[defaults]\ntimeout_ms = 500\n");
+    let t = Instant::now();
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "run",
+        "--env",
+        "bash",
+        "sleep 30",
+    ]));
+    assert_eq!(o.status.code(), Some(124));
+    assert!(text(&o.stderr).contains("timed out after 500 ms"));
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn unknown_environment_lists_the_available_ones() {
+    let o = out(&mut cli(&["run", "--env", "cobol", "x"]));
+    assert_eq!(o.status.code(), Some(1));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("\"cobol\"") && e.contains("bash") && e.contains("python") && e.contains("node"),
+        "{e}"
+    );
+}
+
+#[test]
+fn inherit_env_values_are_read_at_run_time_and_nothing_else_leaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "[project.inherit_env]\nvars = [\"DATABASE_URL\"]\n",
+    );
+    let o = out(cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "run",
+        "--env",
+        "bash",
+        "echo \"db=$DATABASE_URL aws=${AWS_SECRET_ACCESS_KEY:-unset}\"",
+    ])
+    .env("DATABASE_URL", "postgres://x")
+    .env("AWS_SECRET_ACCESS_KEY", "hunter2"));
+    assert_eq!(
+        text(&o.stdout),
+        "db=postgres://x aws=unset\n",
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn envs_lists_name_description_source_interpreter_and_limits() {
+    let o = out(&mut cli(&["envs"]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let t = text(&o.stdout);
+    for s in [
+        "bash",
+        "python",
+        "node",
+        "source:",
+        "interpreter:",
+        "limits:",
+        "timeout 30000 ms",
+        "limits enforced with:",
+        "shell is another name for bash",
+    ] {
+        assert!(t.contains(s), "envs lacks {s}:\n{t}");
+    }
+    let o = out(&mut cli(&["envs", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = v["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["bash", "node", "python"]);
+    assert!(
+        v["environments"][2]["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("Python 3.")
+    );
+    assert!(v["limits_mechanism"].is_string());
+}
+
+#[test]
+fn configured_environments_replace_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "[environments.py]\npreset = \"python\"\ndescription = \"Project Python\"\ntimeout_ms = 1234\n\n[environments.sh]\ninterpreter = \"bash {file}\"\n",
+    );
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "envs",
+        "--json",
+    ]));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o.stderr)));
+    let envs = v["environments"].as_array().unwrap();
+    assert_eq!(envs.len(), 2);
+    assert_eq!(envs[0]["name"], "py");
+    assert_eq!(envs[0]["description"], "Project Python");
+    assert_eq!(envs[0]["limits"]["timeout_ms"], 1234);
+    assert_eq!(envs[1]["name"], "sh");
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "run",
+        "-e",
+        "sh",
+        "echo custom",
+    ]));
+    assert_eq!(text(&o.stdout), "custom\n");
+}
+
+#[test]
+fn config_errors_name_file_key_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "[defaults]\ntimeout_ms = 1000\n\n[project]\nmode = \"sometimes\"\n",
+    );
+    let o = out(&mut cli(&["--config", cfg.to_str().unwrap(), "envs"]));
+    assert_eq!(o.status.code(), Some(1));
+    let e = text(&o.stderr);
+    assert!(e.contains(&format!("{}:5", cfg.display())), "{e}");
+    assert!(e.contains("project.mode"), "{e}");
+    let o = out(&mut cli(&["--config", "/nonexistent/config.toml", "envs"]));
+    assert!(text(&o.stderr).contains("cannot read config file /nonexistent/config.toml"));
+}
+
+#[test]
+fn xdg_config_is_used_when_present() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("nix-sandbox-mcp")).unwrap();
+    std::fs::write(
+        dir.path().join("nix-sandbox-mcp/config.toml"),
+        "[environments.only]\npreset = \"bash\"\n",
+    )
+    .unwrap();
+    let o = out(cli(&["envs", "--json"]).env("XDG_CONFIG_HOME", dir.path()));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["environments"].as_array().unwrap().len(), 1);
+    assert_eq!(v["environments"][0]["name"], "only");
+}
+
+#[test]
+fn doctor_passes_here_and_names_the_limit_mechanism() {
+    let o = out(&mut cli(&["doctor"]));
+    let t = text(&o.stdout);
+    assert!(o.status.success(), "{t}\n{}", text(&o.stderr));
+    for s in [
+        "ok    bubblewrap",
+        "ok    namespaces",
+        "limits:",
+        "seccomp",
+        "environment: python",
+        "all checks passed",
+    ] {
+        assert!(t.contains(s), "doctor lacks {s}:\n{t}");
+    }
+}
+
+/// A `bwrap` that answers --version and --help but cannot create namespaces,
+/// as on Ubuntu with AppArmor's user-namespace restriction.
+fn broken_bwrap(dir: &Path) -> String {
+    let real = which("bwrap");
+    let script = dir.join("bwrap");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in --version|--help) exec {} \"$1\";; esac\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    format!("{}:{}", dir.display(), std::env::var("PATH").unwrap())
+}
+
+fn which(name: &str) -> PathBuf {
+    std::env::var("PATH")
+        .unwrap()
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .expect("on PATH")
+}
+
+#[test]
+fn stdio_with_a_broken_sandbox_fails_fast_with_the_doctor_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = broken_bwrap(dir.path());
+    let t = Instant::now();
+    let o = out(cli(&["--stdio"]).env("PATH", &path).stdin(Stdio::null()));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("the sandbox does not work on this machine")
+            && e.contains("setting up uid map")
+            && e.contains("fix:"),
+        "{e}"
+    );
+    let o = out(cli(&["doctor"]).env("PATH", &path));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stdout).contains("FAIL  namespaces"));
+}
+
+#[test]
+fn stdio_without_bubblewrap_fails_fast_with_install_advice() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = out(cli(&["--stdio"])
+        .env("PATH", dir.path())
+        .stdin(Stdio::null()));
+    assert_eq!(o.status.code(), Some(1));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("bubblewrap (bwrap) is not installed") && e.contains("apt install bubblewrap"),
+        "{e}"
+    );
+}

@@ -1,0 +1,276 @@
+//! The sandbox as a user sees it, with real bubblewrap and the host's
+//! interpreters: results, isolation claims tried by breaking them, timeouts
+//! that leave nothing behind, bounded output.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{env, env_with, fixture, marker, processes_with, run};
+use nix_sandbox_mcp::exec::LimitKind;
+
+#[tokio::test]
+async fn python_bash_and_node_run() {
+    let o = run(
+        &env("python"),
+        "import sys\nprint('py', sys.version_info[0])",
+    )
+    .await;
+    assert!(o.succeeded(), "{o:?}");
+    assert_eq!(o.stdout.text, "py 3\n");
+    let o = run(&env("bash"), "echo sh $((6 * 7))").await;
+    assert_eq!(o.stdout.text, "sh 42\n");
+    let o = run(&env("node"), "console.log('js', [1,2,3].length)").await;
+    assert_eq!(o.stdout.text, "js 3\n", "{o:?}");
+}
+
+#[tokio::test]
+async fn exit_codes_and_stderr_are_reported() {
+    let o = run(&env("bash"), "echo out; echo err >&2; exit 3").await;
+    assert_eq!(o.exit_code, Some(3));
+    assert_eq!(o.stdout.text, "out\n");
+    assert_eq!(o.stderr.text, "err\n");
+    assert!(!o.succeeded());
+    let o = run(&env("python"), "raise SystemExit('boom')").await;
+    assert_eq!(o.exit_code, Some(1));
+    assert!(o.stderr.text.contains("boom"));
+    let o = run(&env("bash"), "kill -SEGV $$").await;
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{o:?}");
+}
+
+#[tokio::test]
+async fn identity_is_unprivileged_with_no_capabilities() {
+    let o = run(
+        &env("bash"),
+        "id -u; id -un; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; hostname",
+    )
+    .await;
+    let lines: Vec<&str> = o.stdout.text.lines().collect();
+    assert_eq!(lines[0], "1000");
+    assert_eq!(lines[1], "sandbox");
+    for l in &lines[2..5] {
+        assert!(l.ends_with("0000000000000000"), "capabilities left: {l}");
+    }
+    assert_eq!(lines[5], "sandbox");
+}
+
+#[tokio::test]
+async fn environment_is_minimal_and_secrets_are_absent() {
+    let code = "env | sort; echo ---; ls /root /home 2>&1; cat /etc/shadow 2>&1; ls ~/.ssh 2>&1; cat /proc/1/environ | tr '\\0' '\\n' | grep -c . ";
+    let o = run(&env("bash"), code).await;
+    let (vars, rest) = o.stdout.text.split_once("---\n").unwrap();
+    let names: Vec<&str> = vars.lines().map(|l| l.split('=').next().unwrap()).collect();
+    for expected in ["HOME", "LANG", "PATH", "TERM", "TMPDIR"] {
+        assert!(names.contains(&expected), "{expected} missing: {vars}");
+    }
+    for l in vars.lines() {
+        assert!(
+            !l.contains("CARGO") && !l.contains("RUST") && !l.starts_with("USER="),
+            "leaked: {l}"
+        );
+    }
+    assert!(vars.contains("HOME=/workspace\n") && vars.contains("TERM=dumb\n"));
+    assert!(
+        rest.contains("'/root': No such file") && rest.contains("'/home': No such file"),
+        "{rest}"
+    );
+    assert!(rest.contains("/etc/shadow: No such file"), "{rest}");
+    // the sandbox's pid 1 carries no environment either
+    assert!(rest.trim_end().ends_with("\n0"), "{rest}");
+}
+
+#[tokio::test]
+async fn project_is_readable_but_not_writable_even_through_symlinks() {
+    let code = r#"
+cat /project/README.md
+touch /project/new 2>&1 || echo "write refused"
+echo x >> /project/README.md 2>&1 || echo "append refused"
+rm /project/README.md 2>&1 || echo "delete refused"
+echo x > /project/outside-link 2>&1 || echo "symlink write refused"
+cat /project/outside-link 2>&1 || echo "outside not visible"
+ls /project/etc-link/ | head -3
+"#;
+    let o = run(&env("bash"), code).await;
+    let out = &o.stdout.text;
+    assert!(out.starts_with("hello from the project\n"), "{out}");
+    for s in [
+        "write refused",
+        "append refused",
+        "delete refused",
+        "symlink write refused",
+        "outside not visible",
+    ] {
+        assert!(out.contains(s), "{s}: {out}\n{}", o.stderr.text);
+    }
+    let f = fixture();
+    assert_eq!(
+        std::fs::read_to_string(f.project.join("README.md")).unwrap(),
+        "hello from the project\n"
+    );
+    assert!(!f.project.join("new").exists());
+    assert_eq!(
+        std::fs::read_to_string(f.project.join("outside-link")).unwrap(),
+        "outside\n"
+    );
+}
+
+#[tokio::test]
+async fn network_is_unreachable_including_host_loopback() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        r#"
+import socket
+for host, port in [("127.0.0.1", {port}), ("1.1.1.1", 80), ("8.8.8.8", 53)]:
+    s = socket.socket(); s.settimeout(2)
+    try:
+        s.connect((host, port)); print("CONNECTED", host)
+    except OSError as e:
+        print("refused", host)
+try:
+    socket.getaddrinfo("example.com", 80); print("RESOLVED")
+except OSError:
+    print("no dns")
+"#
+    );
+    let o = run(&env("python"), &code).await;
+    assert!(!o.stdout.text.contains("CONNECTED"), "{}", o.stdout.text);
+    assert!(!o.stdout.text.contains("RESOLVED"), "{}", o.stdout.text);
+    assert_eq!(o.stdout.text.matches("refused").count(), 3, "{o:?}");
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_err(),
+        "the host listener saw a connection"
+    );
+}
+
+#[tokio::test]
+async fn timeout_kills_daemons_and_sigterm_ignorers_leaving_nothing() {
+    let m = marker();
+    let e = env_with("bash", |e| e.limits.timeout = Duration::from_millis(1500));
+    let code = format!(
+        "trap '' TERM\nsetsid sleep {m}.1 &\n( ( sleep {m}.2 & ) & )\nnohup sleep {m}.3 >/dev/null 2>&1 &\necho started\nwhile :; do :; done\n"
+    );
+    let t = Instant::now();
+    let o = run(&e, &code).await;
+    assert!(o.timed_out && o.limit == Some(LimitKind::Timeout), "{o:?}");
+    assert_eq!(o.stdout.text, "started\n");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        processes_with(&m).is_empty(),
+        "left behind: {:?}",
+        processes_with(&m)
+    );
+}
+
+#[tokio::test]
+async fn background_processes_die_when_the_program_exits() {
+    let m = marker();
+    let o = run(
+        &env("bash"),
+        &format!("setsid sleep {m}.5 & disown; echo done"),
+    )
+    .await;
+    assert!(o.succeeded());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        processes_with(&m).is_empty(),
+        "left behind: {:?}",
+        processes_with(&m)
+    );
+}
+
+#[tokio::test]
+async fn output_flood_keeps_head_and_tail_with_bounded_memory() {
+    fn rss_kib() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        s.lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+    let before = rss_kib();
+    let code = "import sys\nsys.stdout.write('FIRST\\n')\nchunk = 'x' * 65535 + '\\n'\nfor _ in range(3000): sys.stdout.write(chunk)\nsys.stdout.write('LAST\\n')\n";
+    let o = run(&env("python"), code).await;
+    assert!(o.succeeded(), "{:?}", o.stderr);
+    let kept = env("python").limits.output_bytes as u64;
+    assert!(o.stdout.text.starts_with("FIRST\n"));
+    assert!(o.stdout.text.ends_with("LAST\n"));
+    assert!(o.stdout.total_bytes > 196_000_000);
+    assert_eq!(o.stdout.dropped_bytes, o.stdout.total_bytes - kept);
+    assert!(o.stdout.text.contains(&format!(
+        "[... {} bytes omitted ...]",
+        o.stdout.dropped_bytes
+    )));
+    let grown = rss_kib().saturating_sub(before);
+    assert!(
+        grown < 64 * 1024,
+        "daemon memory grew by {grown} KiB while reading 196 MB"
+    );
+}
+
+#[tokio::test]
+async fn ten_megabytes_of_code_run() {
+    let mut code = String::from("x = 0\n");
+    while code.len() < 10 * 1024 * 1024 {
+        code.push_str(
+            "x += 1  # padding padding padding padding padding padding padding padding\n",
+        );
+    }
+    code.push_str("print(x)\n");
+    let o = run(&env("python"), &code).await;
+    assert!(o.succeeded(), "{:?}", o.stderr);
+    assert!(o.stdout.text.trim().parse::<u64>().unwrap() > 100_000);
+}
+
+#[tokio::test]
+async fn non_utf8_output_is_lossy_not_an_error() {
+    let o = run(&env("bash"), "printf 'ok \\xff\\xfe end\\n'").await;
+    assert!(o.succeeded());
+    assert_eq!(o.stdout.text, "ok \u{fffd}\u{fffd} end\n");
+}
+
+#[tokio::test]
+async fn stdin_is_empty_and_workspace_is_fresh_each_run() {
+    let o = run(
+        &env("bash"),
+        "read line; echo \"read=$?\"; pwd; touch /workspace/mark; ls -A /workspace",
+    )
+    .await;
+    assert_eq!(o.stdout.text, "read=1\n/workspace\n.main.sh\nmark\n");
+    let o = run(
+        &env("bash"),
+        "ls -A /workspace; test -e /workspace/mark && echo SURVIVED || true",
+    )
+    .await;
+    assert_eq!(o.stdout.text, ".main.sh\n");
+}
+
+#[tokio::test]
+async fn code_is_never_on_the_command_line() {
+    let o = run(&env("bash"), "# secret-marker-in-code\ncat /proc/*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'secret-mar[k]er-in-code' || true").await;
+    assert_eq!(o.stdout.text.trim(), "0", "{o:?}");
+}
+
+#[tokio::test]
+async fn concurrent_runs_are_independent() {
+    let runs = (0..6).map(|i| async move {
+        let o = run(
+            &env("bash"),
+            &format!("echo {i} > /workspace/f; sleep 0.2; cat /workspace/f"),
+        )
+        .await;
+        (i, o)
+    });
+    for (i, o) in futures::future::join_all(runs).await {
+        assert_eq!(o.stdout.text, format!("{i}\n"));
+    }
+}

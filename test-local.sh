@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The project's single test command. Builds the daemon, runs the cargo tests
+# (unit and real-bubblewrap integration), drives the real binary over MCP stdio
+# with the official Python SDK, and runs the Nix tier when Nix is installed.
+set -euo pipefail
+cd "$(dirname "$0")"
+root=$PWD
+start=$SECONDS
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "format and lint"
+cargo fmt --all -- --check
+cargo clippy --all-targets --quiet -- -D warnings
+
+step "build"
+cargo build --quiet
+bin=$root/target/debug/nix-sandbox-mcp
+
+step "cargo tests (unit + integration with real bubblewrap)"
+cargo test --quiet
+
+step "MCP client suite, host mode (official Python SDK over stdio)"
+venv=$root/.venv
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
+(cd tests/mcp && NSM_BIN=$bin NSM_MODE=host "$venv/bin/python" -m pytest)
+
+if command -v nix-instantiate >/dev/null 2>&1 && [ -x nix/tests/eval.sh ]; then
+  step "Nix tier: pure evaluation tests of nix/lib"
+  nix/tests/eval.sh
+
+  step "Nix tier: artifacts built by mkSandbox from host packages, served over MCP"
+  artifacts=$(mktemp -d)
+  trap 'rm -rf "$artifacts"' EXIT
+  nix/tests/build-e2e-artifacts.sh "$artifacts"
+  (cd tests/mcp && NSM_BIN=$bin NSM_MODE=closure NIX_SANDBOX_DIR=$artifacts "$venv/bin/python" -m pytest test_basic.py)
+else
+  step "Nix tier skipped (nix or nix/tests is missing)"
+fi
+
+printf '\nall tests passed in %ss\n' "$((SECONDS - start))"

@@ -1,0 +1,203 @@
+"""The `run` tool through a real MCP client: discovery, results, errors,
+isolation and bounded output. Runs against host mode and, with NSM_MODE=closure,
+against Nix-built artifacts."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from harness import MODE, call, dump, fixture_project, processes_with, run_async, session, write_config
+
+ENVS = ("bash", "node", "python")
+
+
+def test_initialize_negotiates_2025_11_25_and_lists_every_env():
+    async def t():
+        from mcp.client.session import ClientSession  # noqa: F401
+        async with session() as s:
+            assert s.protocol_version == "2025-11-25"
+            assert "env" in (s.instructions or "")
+            tools = (await s.list_tools()).tools
+            assert [t.name for t in tools][0] == "run"
+            run = tools[0]
+            for env in ENVS:
+                assert f"- {env}: " in run.description, run.description
+            assert sorted(run.input_schema["properties"]["env"]["enum"]) == sorted(ENVS)
+            assert run.input_schema["required"] == ["code", "env"]
+            assert "/project" in run.description and "/workspace" in run.description
+            assert run.annotations.destructive_hint is False
+            assert run.annotations.open_world_hint is False
+            assert run.output_schema["required"] == ["ok"]
+    run_async(t)
+
+
+def test_description_and_instructions_fit_the_context_budget():
+    """Tool schema plus server instructions stay under about 450 tokens."""
+    from anthropic._tokenizers import sync_get_tokenizer
+
+    tokenizer = sync_get_tokenizer()
+
+    async def t():
+        async with session() as s:
+            tool = (await s.list_tools()).tools[0]
+            wire = json.dumps(tool.model_dump(by_alias=True, exclude_none=True), separators=(",", ":"))
+            return len(tokenizer.encode(wire).ids) + len(tokenizer.encode(s.instructions or "").ids)
+
+    tokens = run_async(t)
+    print(f"tool definition + instructions: {tokens} tokens")
+    assert tokens <= 450, tokens
+
+
+@pytest.mark.parametrize(
+    "env,code,expected",
+    [
+        ("python", "import sys\nprint(sum(range(10)), sys.version_info[0])", "45 3\n"),
+        ("bash", "x=$((6*7)); echo \"answer $x\"", "answer 42\n"),
+        ("node", "console.log(JSON.stringify({a: [1, 2]}))", '{"a":[1,2]}\n'),
+    ],
+)
+def test_each_environment_runs_code(env, code, expected):
+    async def t():
+        async with session() as s:
+            sc, text, err = await call(s, env, code)
+            assert not err, dump(sc)
+            assert sc["ok"] is True and sc["exit_code"] == 0 and sc["stdout"] == expected
+            assert sc["env"] == env and sc["timed_out"] is False and "limit" not in sc and "signal" not in sc
+            assert text.startswith(f"[{env}] exit 0 in ") and expected.strip() in text
+    run_async(t)
+
+
+def test_stderr_and_nonzero_exit_are_an_error_result_with_code():
+    async def t():
+        async with session() as s:
+            sc, text, err = await call(s, "python", "import sys\nprint('partial')\nsys.stderr.write('bad thing\\n')\nsys.exit(4)")
+            assert err
+            assert sc["exit_code"] == 4 and sc["stdout"] == "partial\n" and sc["stderr"] == "bad thing\n"
+            assert sc["error"]["code"] == "exit_nonzero" and sc["error"]["suggestion"]
+            assert "error[exit_nonzero]" in text and "bad thing" in text and "next:" in text
+            sc, _, err = await call(s, "node", "throw new Error('kaput')")
+            assert err and sc["exit_code"] == 1 and "kaput" in sc["stderr"]
+    run_async(t)
+
+
+def test_unknown_or_empty_env_lists_the_environments():
+    async def t():
+        async with session() as s:
+            for name in ("cobol", ""):
+                sc, text, err = await call(s, name, "x")
+                assert err and sc["ok"] is False
+                assert sc["error"]["code"] == "unknown_env"
+                for env in ENVS:
+                    assert env in sc["error"]["suggestion"] and env in text
+            # the reference implementation's name for bash keeps working
+            sc, _, err = await call(s, "shell", "echo via-alias")
+            assert not err and sc["stdout"] == "via-alias\n"
+    run_async(t)
+
+
+def test_bad_arguments_are_invalid_input_errors():
+    async def t():
+        async with session() as s:
+            cases = [
+                {"env": "bash"},
+                {"code": "echo"},
+                {"env": "bash", "code": 42},
+                {"env": ["bash"], "code": "echo"},
+                {"env": "bash", "code": "   \n"},
+                {"env": "bash", "code": "echo", "language": "sh"},
+            ]
+            for args in cases:
+                res = await s.call_tool("run", args)
+                assert res.is_error, args
+                assert res.structured_content["error"]["code"] == "invalid_input", (args, res.structured_content)
+            # the server keeps answering normally
+            sc, _, err = await call(s, "bash", "echo fine")
+            assert not err and sc["stdout"] == "fine\n"
+    run_async(t)
+
+
+def test_timeout_kills_the_whole_sandbox_and_leaves_nothing():
+    marker = str(uuid.uuid4().int % 10**8)
+    config = write_config("[defaults]\ntimeout_ms = 1500\n")
+
+    async def t():
+        async with session(config=config) as s:
+            code = f"trap '' TERM\nsetsid sleep {marker}.1 &\n( ( sleep {marker}.2 & ) & )\necho started\nsleep 60\n"
+            t0 = time.monotonic()
+            sc, text, err = await call(s, "bash", code)
+            elapsed = time.monotonic() - t0
+            assert err and sc["timed_out"] is True and sc["limit"] == "timeout"
+            assert sc["error"]["code"] == "timeout" and "1500 ms" in sc["error"]["message"]
+            assert sc["stdout"] == "started\n"
+            assert elapsed < 6, elapsed
+            assert processes_with(marker) == [], processes_with(marker)
+            sc, _, err = await call(s, "bash", "echo alive")
+            assert not err
+    run_async(t)
+
+
+def test_project_is_readable_and_not_writable():
+    async def t():
+        async with session() as s:
+            code = (
+                "cat /project/data.txt\n"
+                "echo hacked > /project/data.txt 2>/dev/null && echo WROTE || echo denied\n"
+                "touch /project/new 2>/dev/null && echo CREATED || echo denied\n"
+                "echo hacked > /project/outside-link 2>/dev/null && echo ESCAPED || echo denied\n"
+            )
+            sc, _, _ = await call(s, "bash", code)
+            assert sc["stdout"] == "project data\ndenied\ndenied\ndenied\n", dump(sc)
+    run_async(t)
+    proj = fixture_project()
+    assert (proj / "data.txt").read_text() == "project data\n"
+    assert not (proj / "new").exists()
+    assert (proj.parent / "outside.txt").read_text() == "outside\n"
+
+
+def test_network_is_unreachable():
+    async def t():
+        async with session() as s:
+            code = (
+                "import socket\n"
+                "for addr in [('1.1.1.1', 80), ('8.8.8.8', 53)]:\n"
+                "    s = socket.socket(); s.settimeout(3)\n"
+                "    try:\n"
+                "        s.connect(addr); print('CONNECTED')\n"
+                "    except OSError as e:\n"
+                "        print('unreachable')\n"
+            )
+            sc, _, _ = await call(s, "python", code)
+            assert sc["stdout"] == "unreachable\nunreachable\n", dump(sc)
+    run_async(t)
+
+
+def test_output_flood_returns_capped_head_and_tail_with_marker():
+    async def t():
+        async with session() as s:
+            code = "import sys\nprint('HEAD-LINE')\nfor i in range(200000): print('line', i)\nprint('TAIL-LINE')\n"
+            sc, text, err = await call(s, "python", code)
+            assert not err
+            out = sc["stdout"]
+            assert out.startswith("HEAD-LINE\n") and out.endswith("TAIL-LINE\n")
+            assert sc["stdout_dropped_bytes"] > 2_000_000
+            assert f"[... {sc['stdout_dropped_bytes']} bytes omitted ...]" in out
+            assert len(out) < 20_000
+            assert "bytes omitted" in text
+    run_async(t)
+
+
+def test_filesystem_view_matches_the_mode():
+    async def t():
+        async with session() as s:
+            sc, _, _ = await call(s, "bash", "for d in /usr /home /root /nix/store; do test -e $d && echo $d; done; ls /")
+            listing = sc["stdout"]
+            assert "/home\n" not in listing and "/root\n" not in listing
+            if MODE == "closure":
+                assert not listing.startswith("/usr\n"), listing
+            else:
+                assert listing.startswith("/usr\n"), listing
+    run_async(t)
