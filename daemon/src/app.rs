@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::AuditLog;
 use crate::config::{self, Config, ProjectMode};
 use crate::environment::{Environment, InterpreterKind};
 use crate::exec::{Executor, Request};
@@ -17,7 +18,8 @@ use crate::registry::{self, Prober, Registry, Sources};
 
 pub struct App {
     pub config: Config,
-    pub executor: Arc<Executor>,
+    pub audit: Option<Arc<AuditLog>>,
+    pub executor: Executor,
     pub registry: Registry,
     pub project: Option<ProjectMount>,
     /// Why the project is not mounted, when it is not.
@@ -35,6 +37,8 @@ pub enum StartError {
     Sandbox { detail: String, fix: String },
     #[error("{0}")]
     Project(String),
+    #[error("cannot open the audit log {path}: {error}")]
+    Audit { path: String, error: std::io::Error },
     #[error("no environment is available:\n  {}\n  fix: install bash, python3 or node, or configure environments (see `nix-sandbox-mcp --help`)", .0.join("\n  "))]
     NoEnvironments(Vec<String>),
 }
@@ -43,21 +47,44 @@ pub enum StartError {
 #[derive(Debug, Default, Clone)]
 pub struct StartOptions {
     pub config: Option<PathBuf>,
-    /// Load environments (probing them); `doctor` and `run` need them, `--version` not.
+    /// Load environments; `run --artifact` needs none.
     pub load_environments: bool,
+    /// Skip the sandbox self-test and the probes of host environments (their
+    /// versions). For a one-shot `run`, where a failure shows in the run itself.
+    pub quick: bool,
+    /// Keep sandboxes started ahead of time (for a long-running server).
+    pub prestart: bool,
 }
 
 pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     let config = config::load(opts.config.as_deref())?;
-    let executor = Arc::new(executor_for(&config)?);
-    self_test(&executor).await?;
+    let audit = match &config.server.audit_log {
+        Some(p) => Some(Arc::new(
+            AuditLog::open(
+                &p.0,
+                config.server.audit_log_code,
+                config.server.audit_log_output,
+            )
+            .map_err(|error| StartError::Audit {
+                path: p.0.display().to_string(),
+                error,
+            })?,
+        )),
+        None => None,
+    };
+    let executor = executor_for(&config, opts.prestart)?;
+    if !opts.quick {
+        self_test(&executor).await?;
+    }
     let (project, project_note) = resolve_project(&config)?;
     if let Some(note) = &project_note {
         tracing::warn!("{note}");
     }
     let registry = if opts.load_environments {
         let sources = sources_from_env();
-        let reg = registry::load(&config, &sources, &ExecProber(executor.clone())).await;
+        let prober = ExecProber(executor.clone());
+        let prober: Option<&dyn Prober> = if opts.quick { None } else { Some(&prober) };
+        let reg = registry::load(&config, &sources, prober).await;
         if reg.is_empty() {
             return Err(StartError::NoEnvironments(reg.warnings.clone()));
         }
@@ -67,6 +94,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     };
     Ok(App {
         config,
+        audit,
         executor,
         registry,
         project,
@@ -75,12 +103,27 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
 }
 
 /// Probes the platform and limits and builds the executor.
-pub fn executor_for(config: &Config) -> Result<Executor, StartError> {
+/// With `prestart`, as many sandboxes as may run at once are kept started
+/// ahead of time (see `exec`).
+pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartError> {
     let platform = Platform::probe().map_err(|error| StartError::Platform {
         fix: error.fix(),
         error,
     })?;
-    let enforcer = Enforcer::detect(platform.sandbox_host_uid());
+    let enforcer = match std::env::var("NIX_SANDBOX_LIMITS").as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Enforcer::detect(platform.sandbox_host_uid()),
+        Ok("rlimits") => Enforcer::rlimits_only(
+            platform.sandbox_host_uid(),
+            "cgroups turned off by NIX_SANDBOX_LIMITS=rlimits",
+        ),
+        Ok(other) => {
+            return Err(StartError::Config(config::ConfigError::Env {
+                name: "NIX_SANDBOX_LIMITS",
+                value: other.to_string(),
+                message: "expected auto or rlimits".to_string(),
+            }));
+        }
+    };
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2);
@@ -100,6 +143,7 @@ pub fn executor_for(config: &Config) -> Result<Executor, StartError> {
         enforcer,
         max_running,
         max_queued,
+        if prestart { max_running } else { 0 },
     ))
 }
 
@@ -260,6 +304,17 @@ pub fn resolve_project(
             ));
         }
     }
+    if rustix::process::geteuid().is_root() && !world_readable_dir(&real) {
+        let message = format!(
+            "the server runs as root, so sandboxes run as uid {}, which cannot read the project {}: make it and its parent directories world-readable (chmod o+rx), or run the server as a normal user",
+            crate::platform::UNPRIVILEGED_ID,
+            real.display()
+        );
+        if explicit {
+            return Err(StartError::Project(message));
+        }
+        return Ok((None, Some(format!("no project mounted: {message}"))));
+    }
     Ok((
         Some(ProjectMount {
             host_path: real,
@@ -270,8 +325,19 @@ pub fn resolve_project(
     ))
 }
 
+/// True when every directory from / down to `path` lets others in and list it.
+fn world_readable_dir(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.ancestors().enumerate().all(|(depth, p)| {
+        let need = if depth == 0 { 0o005 } else { 0o001 };
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & need == need)
+            .unwrap_or(false)
+    })
+}
+
 /// Runs start-up probes through the real executor.
-pub struct ExecProber(pub Arc<Executor>);
+pub struct ExecProber(pub Executor);
 
 impl Prober for ExecProber {
     fn probe<'a>(

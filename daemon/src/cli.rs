@@ -11,7 +11,7 @@ use clap::{ArgAction, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{self, App, StartOptions};
-use crate::exec::{LimitKind, Observer, Request, Stream};
+use crate::exec::{ExecError, LimitKind, Observer, Request, Stream};
 use crate::registry::artifact;
 use crate::server::{SandboxServer, Shared};
 
@@ -42,6 +42,8 @@ ENVIRONMENT
     NIX_SANDBOX_DIR    Directories (colon-separated) of pre-built sandbox artifacts
                        (default: ~/.config/nix-sandbox-mcp/sandboxes).
     NIX_SANDBOX_ENVS   Comma-separated flake references built into artifacts at start-up.
+    NIX_SANDBOX_LIMITS auto (default: cgroup v2, else v1, else rlimits) or rlimits
+                       (never use cgroups).
     RUST_LOG           Log filter, e.g. debug or nix_sandbox_mcp=trace (logs go to stderr).
 
 EXIT STATUS
@@ -153,9 +155,17 @@ async fn dispatch(cli: Cli) -> ExitCode {
     let opts = StartOptions {
         config: cli.config.clone(),
         load_environments: true,
+        quick: false,
+        prestart: false,
     };
     match cli.command {
-        None if cli.stdio => serve_stdio(&opts).await,
+        None if cli.stdio => {
+            serve_stdio(&StartOptions {
+                prestart: true,
+                ..opts
+            })
+            .await
+        }
         Some(_) if cli.stdio => {
             eprintln!("nix-sandbox-mcp: --stdio serves MCP and takes no command");
             ExitCode::from(2)
@@ -193,6 +203,7 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         executor,
         project,
         config,
+        audit,
         ..
     } = app;
     tracing::info!(
@@ -201,6 +212,17 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         registry.names().join(", "),
         executor.enforcer().describe()
     );
+    executor.keep_ready_for(registry.iter().map(|e| e.as_ref()));
+    let refresher = executor.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let x = refresher.clone();
+            let _ = tokio::task::spawn_blocking(move || x.platform().refresh_etc()).await;
+        }
+    });
     let shutdown = CancellationToken::new();
     let server = SandboxServer::new(Shared {
         registry,
@@ -213,6 +235,7 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
             .map(|v| v.0.clone())
             .collect(),
         shutdown: shutdown.clone(),
+        audit,
     });
     let service = match server.serve(rmcp::transport::stdio_pipes()).await {
         Ok(s) => s,
@@ -227,8 +250,7 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     };
     tracing::info!("shutting down ({quit}); killing runs in flight");
     shutdown.cancel();
-    executor.drain().await;
-    executor.enforcer().cleanup();
+    executor.shutdown().await;
     ExitCode::SUCCESS
 }
 
@@ -272,6 +294,7 @@ async fn run_once(
     };
     let app = match app::start(&StartOptions {
         load_environments: artifact_dir.is_none(),
+        quick: true,
         ..opts.clone()
     })
     .await
@@ -320,11 +343,14 @@ async fn run_once(
             observer: Some(Arc::new(Echo)),
         })
         .await;
-    app.executor.enforcer().cleanup();
+    app.executor.shutdown().await;
     let o = match outcome {
         Ok(o) => o,
         Err(e) => {
             eprintln!("nix-sandbox-mcp: {e}");
+            if let ExecError::Setup(message) = &e {
+                eprintln!("  fix: {}", app::diagnose_sandbox_failure(message));
+            }
             return ExitCode::from(126);
         }
     };
@@ -420,6 +446,6 @@ async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             println!("warning: {w}");
         }
     }
-    app.executor.enforcer().cleanup();
+    app.executor.shutdown().await;
     ExitCode::SUCCESS
 }

@@ -27,6 +27,14 @@ pub struct ServerSettings {
     pub max_concurrent_runs: Option<Positive>,
     /// Calls allowed to wait for a slot; beyond this a call fails at once with `busy`.
     pub max_queued_runs: Option<u32>,
+    /// JSON Lines audit log; off when absent.
+    pub audit_log: Option<AbsolutePath>,
+    /// Also record the code of each run in the audit log.
+    #[serde(default)]
+    pub audit_log_code: bool,
+    /// Also record the captured output of each run in the audit log.
+    #[serde(default)]
+    pub audit_log_output: bool,
 }
 
 /// Resource limits and output caps; every field optional so that layers

@@ -87,7 +87,7 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
         }
     }
 
-    let executor = match app::executor_for(&config) {
+    let executor = match app::executor_for(&config, false) {
         Ok(x) => x,
         Err(e) => {
             r.fail("sandbox", e.to_string(), "see above");
@@ -140,9 +140,6 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
                     }
                 ),
             );
-            if executor.platform().run_as.is_some() && !world_traversable(&p.host_path) {
-                r.warn("project", "the daemon runs as root and sandboxes as nobody, who cannot reach this directory", "make the project world-readable, or run the server as a normal user");
-            }
         }
         Ok((None, note)) => r.warn(
             "project",
@@ -156,11 +153,10 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
         ),
     }
 
-    let executor = std::sync::Arc::new(executor);
     let reg = registry::load(
         &config,
         &app::sources_from_env(),
-        &app::ExecProber(executor.clone()),
+        Some(&app::ExecProber(executor.clone())),
     )
     .await;
     for e in reg.iter() {
@@ -183,7 +179,7 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
             "install bash, python3 or node, or configure environments",
         );
     }
-    executor.enforcer().cleanup();
+    executor.shutdown().await;
 
     if r.failures == 0 {
         println!("\nall checks passed");
@@ -192,14 +188,4 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
         println!("\n{} check(s) failed", r.failures);
         ExitCode::from(1)
     }
-}
-
-/// True when every directory from / down to `path` lets others in.
-fn world_traversable(path: &std::path::Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    path.ancestors().all(|p| {
-        std::fs::metadata(p)
-            .map(|m| m.permissions().mode() & 0o005 == 0o005)
-            .unwrap_or(false)
-    })
 }

@@ -1,24 +1,31 @@
 //! The life of one run: admission (a bounded number at once, a bounded queue),
-//! limits, spawning bubblewrap with the jail's argv and the code in a memfd,
-//! bounded capture of stdout and stderr, timeout and cancellation, killing the
-//! whole sandbox, and a structured outcome saying what ended the run.
+//! a prepared sandbox, limits, the code and arguments handed to bubblewrap on
+//! pipes, bounded capture of stdout and stderr, timeout and cancellation,
+//! killing the whole sandbox, and a structured outcome saying what ended it.
+//!
+//! Speed: bubblewrap is started ahead of time, already inside its cgroup and
+//! blocked reading its arguments (`--args FD`). A call only sets the limits,
+//! writes the arguments, code and filters, and waits; the fork, the exec and
+//! the cgroup migration (whose RCU synchronisation can take milliseconds) are
+//! off its critical path.
 
 use std::collections::HashMap;
-use std::io::{Seek, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::capture::{Capture, Captured};
-use crate::environment::Environment;
+use crate::environment::{Environment, Limits};
 use crate::jail::{self, Call, ProjectMount};
-use crate::limits::{ChildSetup, Enforcer, Fired};
+use crate::limits::{Enforcer, Fired, Lease, Rlimit};
 use crate::platform::Platform;
 use crate::seccomp::{self, Programs};
 
@@ -95,6 +102,9 @@ pub enum ExecError {
     CodeTooLarge { size: usize, limit: u64 },
     #[error("cannot start the sandbox: {0}")]
     Spawn(String),
+    /// bubblewrap ran but could not set the sandbox up; the program never started.
+    #[error("the sandbox could not be set up: {0}")]
+    Setup(String),
 }
 
 /// One call to run.
@@ -108,7 +118,7 @@ pub struct Request<'a> {
     pub observer: Option<Arc<dyn Observer>>,
 }
 
-/// Admission control: at most `running` runs at once and `queued` waiting.
+/// Admission control: at most `running` runs at once and `max_waiting` waiting.
 #[derive(Debug)]
 struct Admission {
     slots: Arc<Semaphore>,
@@ -117,12 +127,71 @@ struct Admission {
     max_waiting: usize,
 }
 
-#[derive(Debug)]
+/// Runs calls in sandboxes. Cheap to share: clones refer to the same state.
+#[derive(Clone, Debug)]
 pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     platform: Arc<Platform>,
     enforcer: Enforcer,
     seccomp: Mutex<HashMap<Vec<String>, Arc<Programs>>>,
     admission: Admission,
+    /// Sandboxes started ahead of time, waiting for their arguments, by what
+    /// is fixed when bubblewrap starts: the command (bubblewrap takes it only
+    /// on its own command line) and the rlimits (set before exec).
+    ready: Mutex<HashMap<ReadyKey, Ready>>,
+    /// How many prepared sandboxes to keep for each environment in use.
+    ready_target: usize,
+    /// Hands work to the thread that prepares sandboxes in the background.
+    spawner: Mutex<Option<std::sync::mpsc::Sender<Recipe>>>,
+}
+
+/// What a prepared sandbox is fixed to: its command, and the limits applied
+/// before it runs (rlimits, and the cgroup's memory and process limits).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ReadyKey {
+    command: Vec<String>,
+    rlimits: Vec<(u32, u64)>,
+    memory_bytes: u64,
+    pids: u64,
+}
+
+/// Everything needed to prepare a sandbox for an environment.
+#[derive(Debug, Clone)]
+struct Recipe {
+    key: ReadyKey,
+    rlimits: Vec<Rlimit>,
+    limits: Limits,
+}
+
+impl Recipe {
+    fn for_env(env: &Environment, enforcer: &Enforcer) -> Recipe {
+        let command = env.command_for(&env.code_path());
+        let rlimits = enforcer.rlimits(&env.limits);
+        Recipe {
+            key: ReadyKey {
+                command,
+                rlimits: rlimits
+                    .iter()
+                    .map(|r| (r.resource as u32, r.value))
+                    .collect(),
+                memory_bytes: env.limits.memory_bytes,
+                pids: env.limits.pids,
+            },
+            rlimits,
+            limits: env.limits,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Ready {
+    sandboxes: Vec<Prepared>,
+    /// Being started right now.
+    starting: usize,
 }
 
 /// Stops reading after a stream stays open this long past the program's end
@@ -131,36 +200,89 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 const READ_CHUNK: usize = 64 * 1024;
 
 impl Executor {
+    /// `prestart` sandboxes are kept ready per environment (0 for one-shot
+    /// use such as the CLI). Keeping them needs a tokio runtime.
     pub fn new(
         platform: Arc<Platform>,
         enforcer: Enforcer,
         max_running: usize,
         max_waiting: usize,
+        prestart: usize,
     ) -> Executor {
-        Executor {
-            platform,
-            enforcer,
-            seccomp: Mutex::new(HashMap::new()),
-            admission: Admission {
-                slots: Arc::new(Semaphore::new(max_running)),
-                running: max_running,
-                waiting: AtomicUsize::new(0),
-                max_waiting,
-            },
+        let executor = Executor {
+            inner: Arc::new(Inner {
+                platform,
+                enforcer,
+                seccomp: Mutex::new(HashMap::new()),
+                admission: Admission {
+                    slots: Arc::new(Semaphore::new(max_running)),
+                    running: max_running,
+                    waiting: AtomicUsize::new(0),
+                    max_waiting,
+                },
+                ready: Mutex::new(HashMap::new()),
+                ready_target: prestart,
+                spawner: Mutex::new(None),
+            }),
+        };
+        if prestart > 0
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            executor.start_spawner(handle);
+        }
+        executor
+    }
+
+    /// Starts the thread that prepares sandboxes ahead of time. One long-lived
+    /// thread: bubblewrap's parent-death signal follows the thread that forked
+    /// it, and the cgroup migration it waits for must not block a runtime worker.
+    fn start_spawner(&self, handle: tokio::runtime::Handle) {
+        let (tx, rx) = std::sync::mpsc::channel::<Recipe>();
+        let weak = Arc::downgrade(&self.inner);
+        let started = std::thread::Builder::new()
+            .name("sandbox-spawner".into())
+            .spawn(move || {
+                let _runtime = handle.enter();
+                for recipe in rx {
+                    let Some(inner) = weak.upgrade() else { break };
+                    let prepared = inner
+                        .prepare(&recipe)
+                        .and_then(|p| p.adopted(&recipe.limits));
+                    let mut ready = inner.ready.lock().unwrap();
+                    let r = ready.entry(recipe.key).or_default();
+                    r.starting -= 1;
+                    match prepared {
+                        Ok(p) => r.sandboxes.push(p),
+                        Err(e) => tracing::warn!("cannot prepare a sandbox ahead of time: {e}"),
+                    }
+                }
+            });
+        match started {
+            Ok(_) => *self.inner.spawner.lock().unwrap() = Some(tx),
+            Err(e) => {
+                tracing::warn!("cannot start the sandbox spawner ({e}); sandboxes start on demand")
+            }
+        }
+    }
+
+    /// Keeps sandboxes ready for runs in these environments.
+    pub fn keep_ready_for<'a>(&self, envs: impl IntoIterator<Item = &'a Environment>) {
+        for env in envs {
+            self.refill(&Recipe::for_env(env, &self.inner.enforcer));
         }
     }
 
     pub fn platform(&self) -> &Platform {
-        &self.platform
+        &self.inner.platform
     }
 
     pub fn enforcer(&self) -> &Enforcer {
-        &self.enforcer
+        &self.inner.enforcer
     }
 
     /// Compiles (once per distinct allow-list) the seccomp programs for `env`.
     pub fn seccomp_for(&self, env: &Environment) -> Result<Arc<Programs>, seccomp::SeccompError> {
-        let mut cache = self.seccomp.lock().unwrap();
+        let mut cache = self.inner.seccomp.lock().unwrap();
         if let Some(p) = cache.get(&env.seccomp_allow) {
             return Ok(p.clone());
         }
@@ -178,42 +300,35 @@ impl Executor {
                 limit: limits.file_size_bytes,
             });
         }
-        let _slot = self.admit(&req.cancel).await?;
-        let start = Instant::now();
-
-        let code_fd = memfd_with("code", req.code)
-            .map_err(|e| ExecError::Spawn(format!("code memfd: {e}")))?;
         let programs = self
             .seccomp_for(req.env)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
-        let seccomp_fds = programs
-            .0
-            .iter()
-            .map(|p| memfd_with("seccomp", p))
-            .collect::<std::io::Result<Vec<OwnedFd>>>()
-            .map_err(|e| ExecError::Spawn(format!("seccomp memfd: {e}")))?;
-        let lease = self
-            .enforcer
-            .acquire(&limits)
-            .map_err(|e| ExecError::Spawn(format!("cgroup: {e}")))?;
+        let _slot = self.admit(&req.cancel).await?;
+        let start = Instant::now();
 
+        let recipe = Recipe::for_env(req.env, &self.inner.enforcer);
+        let Prepared {
+            mut child,
+            lease,
+            fds,
+            input,
+            status,
+        } = self.take_prepared(&recipe).await?;
+        self.refill(&recipe);
+
+        let layout = &self.inner.platform.layout;
         let call = Call {
             env: req.env,
             project: req.project,
-            code_fd: Some(code_fd.as_raw_fd()),
-            seccomp_fds: seccomp_fds.iter().map(|f| f.as_raw_fd()).collect(),
+            code_fd: Some(fds.code),
+            seccomp_fds: fds.seccomp.to_vec(),
+            status_fd: Some(fds.status),
             inherited: &req.inherited,
-            command: req.env.command_for(&req.env.code_path()),
         };
-        let args = jail::bwrap_args(&self.platform.layout, &call);
-        let mut inherit = vec![code_fd];
-        inherit.extend(seccomp_fds);
-        let mut child = spawn_bwrap(
-            &self.platform,
-            args,
-            ChildPlan::new(lease.setup.clone(), inherit, self.platform.run_as),
-        )
-        .map_err(|e| ExecError::Spawn(e.to_string()))?;
+        let args = nul_separated(jail::bwrap_options(layout, &call));
+        let feed = input
+            .feed(args, req.code.to_vec(), &programs)
+            .map_err(|e| ExecError::Spawn(format!("pipes: {e}")))?;
 
         let total = Arc::new(AtomicU64::new(0));
         let over = Arc::new(Notify::new());
@@ -238,33 +353,36 @@ impl Executor {
         );
 
         enum End {
-            Exited(std::io::Result<ExitStatus>),
             Timeout,
             Cancelled,
             Output,
         }
-        let end = tokio::select! {
-            s = child.wait() => End::Exited(s),
-            _ = tokio::time::sleep(limits.timeout) => End::Timeout,
-            _ = req.cancel.cancelled() => End::Cancelled,
-            _ = over.notified() => End::Output,
+        let (status_code, end) = tokio::select! {
+            s = child.wait() => (s.ok(), None),
+            _ = tokio::time::sleep(limits.timeout) => (None, Some(End::Timeout)),
+            _ = req.cancel.cancelled() => (None, Some(End::Cancelled)),
+            _ = over.notified() => (None, Some(End::Output)),
         };
-        let (status, end) = match end {
-            End::Exited(s) => (s.ok(), None),
-            other => {
-                kill_sandbox(&child);
-                lease.kill_all();
-                (child.wait().await.ok(), Some(other))
-            }
+        let mut status = Status::new(status);
+        let status_code = match end {
+            None => status_code,
+            Some(_) => kill_sandbox(&mut child, &mut status, &lease).await,
         };
+        feed.abort();
         let stdout = drain(out_task).await;
         let stderr = drain(err_task).await;
         let duration = start.elapsed();
-        let fired = tokio::task::spawn_blocking(move || lease.finish())
-            .await
-            .unwrap_or_default();
+        let fired = lease.finish();
 
-        let (exit_code, signal) = interpret(status);
+        if end.is_none() && layout.json_status_fd && !status.program_exited() {
+            let message = stderr.text.trim();
+            return Err(ExecError::Setup(if message.is_empty() {
+                format!("bubblewrap exited with {status_code:?}")
+            } else {
+                message.to_string()
+            }));
+        }
+        let (exit_code, signal) = interpret(status_code);
         let mut outcome = Outcome {
             exit_code,
             signal,
@@ -285,21 +403,74 @@ impl Executor {
         Ok(outcome)
     }
 
-    /// Waits (up to a few seconds) until no run is in flight, for shutdown.
-    pub async fn drain(&self) {
-        let all = self.admission.running as u32;
+    /// A prepared sandbox from the pool, or one started now when none is ready.
+    async fn take_prepared(&self, recipe: &Recipe) -> Result<Prepared, ExecError> {
+        let key = &recipe.key;
+        loop {
+            let ready = self
+                .inner
+                .ready
+                .lock()
+                .unwrap()
+                .get_mut(key)
+                .and_then(|r| r.sandboxes.pop());
+            let Some(mut p) = ready else { break };
+            // A sandbox that died while waiting (killed from outside) is skipped.
+            if matches!(p.child.try_wait(), Ok(None)) {
+                return Ok(p);
+            }
+        }
+        let spawn_error = |e: std::io::Error| ExecError::Spawn(e.to_string());
+        let prepared = self.inner.prepare(recipe).map_err(spawn_error)?;
+        let limits = recipe.limits;
+        tokio::task::spawn_blocking(move || prepared.adopted(&limits))
+            .await
+            .map_err(|e| ExecError::Spawn(e.to_string()))?
+            .map_err(spawn_error)
+    }
+
+    /// Tops up, in the background, the prepared sandboxes for `recipe`.
+    fn refill(&self, recipe: &Recipe) {
+        let target = self.inner.ready_target;
+        let Some(spawner) = self.inner.spawner.lock().unwrap().clone() else {
+            return;
+        };
+        let mut ready = self.inner.ready.lock().unwrap();
+        let r = ready.entry(recipe.key.clone()).or_default();
+        while r.sandboxes.len() + r.starting < target {
+            if spawner.send(recipe.clone()).is_err() {
+                break;
+            }
+            r.starting += 1;
+        }
+    }
+
+    /// Waits (up to a few seconds) until no run is in flight, then stops the
+    /// prepared sandboxes and removes the cgroups; for shutdown.
+    pub async fn shutdown(&self) {
+        let all = self.inner.admission.running as u32;
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
-            self.admission.slots.acquire_many(all),
+            self.inner.admission.slots.acquire_many(all),
         )
         .await;
+        *self.inner.spawner.lock().unwrap() = None;
+        let ready: Vec<Prepared> = std::mem::take(&mut *self.inner.ready.lock().unwrap())
+            .into_values()
+            .flat_map(|r| r.sandboxes)
+            .collect();
+        for mut p in ready {
+            let _ = p.child.start_kill();
+            let _ = p.child.wait().await;
+        }
+        self.inner.enforcer.cleanup();
     }
 
     async fn admit(
         &self,
         cancel: &CancellationToken,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
-        let a = &self.admission;
+        let a = &self.inner.admission;
         if let Ok(p) = a.slots.clone().try_acquire_owned() {
             return Ok(p);
         }
@@ -318,6 +489,215 @@ impl Executor {
             _ = cancel.cancelled() => Err(ExecError::CancelledWhileQueued),
         }
     }
+}
+
+/// Descriptor numbers inside the prepared bubblewrap.
+#[derive(Debug, Clone, Copy)]
+struct ChildFds {
+    code: RawFd,
+    seccomp: [RawFd; 2],
+    status: RawFd,
+}
+
+/// A bubblewrap started ahead of time, in its cgroup, blocked reading its
+/// arguments from a pipe.
+#[derive(Debug)]
+struct Prepared {
+    child: tokio::process::Child,
+    lease: Lease,
+    fds: ChildFds,
+    input: Input,
+    /// Read end of bubblewrap's JSON status.
+    status: OwnedFd,
+}
+
+impl Prepared {
+    /// Moves the waiting bubblewrap into its cgroup and sets the group's
+    /// limits (blocking; see [`Lease::adopt`]). It has started nothing yet, so
+    /// everything it will start is inside.
+    fn adopted(mut self, limits: &Limits) -> std::io::Result<Prepared> {
+        let pid = self
+            .child
+            .id()
+            .ok_or_else(|| std::io::Error::other("the sandbox exited before it was used"))?;
+        self.lease.apply(limits)?;
+        self.lease.adopt(pid)?;
+        Ok(self)
+    }
+}
+
+/// Write ends of the pipes bubblewrap reads: arguments, code, seccomp programs.
+#[derive(Debug)]
+struct Input {
+    args: OwnedFd,
+    code: OwnedFd,
+    seccomp: [OwnedFd; 2],
+}
+
+impl Inner {
+    /// Starts a bubblewrap for `command` with `rlimits` that waits for its
+    /// options (`--args`) on a pipe, with a cgroup reserved for it (see
+    /// [`Prepared::adopted`]). Must run inside the tokio runtime.
+    fn prepare(&self, recipe: &Recipe) -> std::io::Result<Prepared> {
+        let rlimits = recipe.rlimits.clone();
+        let lease = self.enforcer.reserve()?;
+        let pipe = || {
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from)
+        };
+        let (args_r, args_w) = pipe()?;
+        let (code_r, code_w) = pipe()?;
+        let (sc0_r, sc0_w) = pipe()?;
+        let (sc1_r, sc1_w) = pipe()?;
+        let (status_r, status_w) = pipe()?;
+        rustix::fs::fcntl_setfl(&status_r, rustix::fs::OFlags::NONBLOCK)?;
+        let fds = ChildFds {
+            code: code_r.as_raw_fd(),
+            seccomp: [sc0_r.as_raw_fd(), sc1_r.as_raw_fd()],
+            status: status_w.as_raw_fd(),
+        };
+        let args_fd = args_r.as_raw_fd();
+        let plan = ChildPlan {
+            hard: rlimits
+                .iter()
+                .map(|r| rustix::process::getrlimit(r.resource).maximum)
+                .collect(),
+            rlimits,
+            inherit: Arc::new(vec![args_r, code_r, sc0_r, sc1_r, status_w]),
+            run_as: self.platform.run_as,
+        };
+        let mut cmd = tokio::process::Command::new(&self.platform.bwrap);
+        cmd.arg("--args")
+            .arg(args_fd.to_string())
+            .arg("--")
+            .args(&recipe.key.command)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: the closure runs between fork and exec in the child. `apply`
+        // makes only async-signal-safe system calls on data prepared before the
+        // fork, and does not allocate, lock, or touch the parent's threads.
+        unsafe {
+            cmd.pre_exec(move || plan.apply());
+        }
+        let child = cmd.spawn()?;
+        Ok(Prepared {
+            child,
+            lease,
+            fds,
+            input: Input {
+                args: args_w,
+                code: code_w,
+                seccomp: [sc0_w, sc1_w],
+            },
+            status: status_r,
+        })
+    }
+}
+
+impl Input {
+    /// Writes the arguments, the seccomp programs and the code, in the order
+    /// bubblewrap reads them, in the background (they may exceed a pipe's
+    /// buffer). Each pipe closes when written, so bubblewrap sees its end.
+    fn feed(
+        self,
+        args: Vec<u8>,
+        code: Vec<u8>,
+        programs: &Programs,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        use tokio::net::unix::pipe::Sender;
+        let mut args_tx = Sender::from_owned_fd(self.args)?;
+        let mut code_tx = Sender::from_owned_fd(self.code)?;
+        let [s0, s1] = self.seccomp;
+        let seccomp_tx = [Sender::from_owned_fd(s0)?, Sender::from_owned_fd(s1)?];
+        let programs = programs.0.clone();
+        Ok(tokio::spawn(async move {
+            let _ = args_tx.write_all(&args).await;
+            drop(args_tx);
+            for (mut tx, program) in seccomp_tx.into_iter().zip(programs) {
+                let _ = tx.write_all(&program).await;
+            }
+            let _ = code_tx.write_all(&code).await;
+        }))
+    }
+}
+
+/// Everything the child does between fork and exec, prepared in the parent.
+struct ChildPlan {
+    rlimits: Vec<Rlimit>,
+    /// The daemon's hard limits, read before the fork: the child must not allocate.
+    hard: Vec<Option<u64>>,
+    /// Descriptors bubblewrap must inherit (their close-on-exec flag is cleared).
+    inherit: Arc<Vec<OwnedFd>>,
+    run_as: Option<(u32, u32)>,
+}
+
+impl ChildPlan {
+    /// Runs in the forked child: set the rlimits, give up root if we have it,
+    /// and pass bubblewrap exactly the descriptors it needs (any the daemon
+    /// itself inherited stay out of the sandbox). Only system calls.
+    fn apply(&self) -> std::io::Result<()> {
+        use rustix::process::{Resource, setrlimit};
+        for (r, hard) in self.rlimits.iter().zip(&self.hard) {
+            let cap = |v: u64| hard.map_or(v, |h| v.min(h));
+            // CPU: the soft limit sends SIGXCPU (reported as "cpu"); the hard
+            // limit, a little later, SIGKILL for programs that ignore it.
+            let max = if r.resource == Resource::Cpu {
+                r.value + 2
+            } else {
+                r.value
+            };
+            let limit = rustix::process::Rlimit {
+                current: Some(cap(r.value)),
+                maximum: Some(cap(max)),
+            };
+            setrlimit(r.resource, limit)?;
+        }
+        if let Some((uid, gid)) = self.run_as {
+            let gid = rustix::process::Gid::from_raw(gid);
+            rustix::thread::set_thread_groups(&[])?;
+            rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+            let uid = rustix::process::Uid::from_raw(uid);
+            rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+        }
+        close_inherited_descriptors();
+        for fd in self.inherit.iter() {
+            rustix::io::fcntl_setfd(fd.as_fd(), rustix::io::FdFlags::empty())?;
+        }
+        Ok(())
+    }
+}
+
+/// Marks every descriptor above stderr close-on-exec.
+fn close_inherited_descriptors() {
+    // SAFETY: close_range only changes descriptor flags; it touches no memory.
+    // Called in the forked child before exec, where it is async-signal-safe.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r != 0 {
+        // Kernels before 5.11: walk the usual range instead.
+        for fd in 3..4096 {
+            // SAFETY: fcntl on a possibly-closed descriptor fails harmlessly.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
+}
+
+fn nul_separated(args: Vec<OsString>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for a in args {
+        out.extend_from_slice(a.as_bytes());
+        out.push(0);
+    }
+    out
 }
 
 /// Decides which limit ended the run from what we saw and what the kernel counted.
@@ -364,110 +744,79 @@ fn interpret(status: Option<ExitStatus>) -> (Option<i32>, Option<i32>) {
     }
 }
 
-fn memfd_with(name: &str, data: &[u8]) -> std::io::Result<OwnedFd> {
-    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
-    let mut f = std::fs::File::from(fd);
-    f.write_all(data)?;
-    f.rewind()?;
-    Ok(OwnedFd::from(f))
+/// bubblewrap's JSON status (`--json-status-fd`), read as it arrives.
+struct Status {
+    fd: OwnedFd,
+    text: String,
 }
 
-/// Everything the child does between fork and exec, prepared in the parent.
-#[derive(Clone)]
-struct ChildPlan {
-    setup: ChildSetup,
-    /// Descriptors bubblewrap must inherit (their close-on-exec flag is cleared).
-    inherit: Arc<Vec<OwnedFd>>,
-    run_as: Option<(u32, u32)>,
-    /// Hard limits of the daemon, read here because the child must not allocate.
-    hard: Vec<Option<u64>>,
-}
+impl Status {
+    fn new(fd: OwnedFd) -> Status {
+        Status {
+            fd,
+            text: String::new(),
+        }
+    }
 
-impl ChildPlan {
-    fn new(setup: ChildSetup, inherit: Vec<OwnedFd>, run_as: Option<(u32, u32)>) -> ChildPlan {
-        let hard = setup
-            .rlimits
-            .iter()
-            .map(|r| rustix::process::getrlimit(r.resource).maximum)
+    /// Reads what bubblewrap has written so far (the pipe is non-blocking).
+    fn read_available(&mut self) -> &str {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = rustix::io::read(&self.fd, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            self.text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        &self.text
+    }
+
+    /// Host pid of the sandbox's init (pid 1 of its pid namespace).
+    fn sandbox_init(&mut self) -> Option<rustix::process::Pid> {
+        let text = self.read_available();
+        let rest = &text[text.find("\"child-pid\"")? + "\"child-pid\"".len()..];
+        let digits: String = rest
+            .trim_start_matches([':', ' '])
+            .chars()
+            .take_while(char::is_ascii_digit)
             .collect();
-        ChildPlan {
-            setup,
-            inherit: Arc::new(inherit),
-            run_as,
-            hard,
-        }
+        rustix::process::Pid::from_raw(digits.parse().ok()?)
     }
 
-    /// Runs in the forked child: join the run's cgroups, set rlimits, give up
-    /// root if we have it, and let bubblewrap inherit its descriptors. Only
-    /// system calls, no allocation.
-    fn apply(&self) -> std::io::Result<()> {
-        use rustix::process::{Resource, Rlimit, setrlimit};
-        for fd in self.setup.join.iter() {
-            rustix::io::write(fd, b"0")?;
-        }
-        for (r, hard) in self.setup.rlimits.iter().zip(&self.hard) {
-            let cap = |v: u64| hard.map_or(v, |h| v.min(h));
-            // CPU: the soft limit sends SIGXCPU (reported as "cpu"); the hard
-            // limit, a little later, SIGKILL for programs that ignore it.
-            let max = if r.resource == Resource::Cpu {
-                r.value + 2
-            } else {
-                r.value
-            };
-            setrlimit(
-                r.resource,
-                Rlimit {
-                    current: Some(cap(r.value)),
-                    maximum: Some(cap(max)),
-                },
-            )?;
-        }
-        if let Some((uid, gid)) = self.run_as {
-            let gid = rustix::process::Gid::from_raw(gid);
-            rustix::thread::set_thread_groups(&[])?;
-            rustix::thread::set_thread_res_gid(gid, gid, gid)?;
-            let uid = rustix::process::Uid::from_raw(uid);
-            rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-        }
-        for fd in self.inherit.iter() {
-            rustix::io::fcntl_setfd(fd.as_fd(), rustix::io::FdFlags::empty())?;
-        }
-        Ok(())
+    /// True when bubblewrap reported the program's exit, i.e. the sandbox was
+    /// set up and the program ran. Read after bubblewrap has exited.
+    fn program_exited(&mut self) -> bool {
+        self.read_available().contains("\"exit-code\"")
     }
 }
 
-fn spawn_bwrap(
-    platform: &Platform,
-    args: Vec<std::ffi::OsString>,
-    plan: ChildPlan,
-) -> std::io::Result<tokio::process::Child> {
-    let mut cmd = tokio::process::Command::new(&platform.bwrap);
-    cmd.args(args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    // SAFETY: the closure runs between fork and exec in the child. `apply` makes
-    // only async-signal-safe system calls on data prepared before the fork and
-    // does not allocate, lock or touch the parent's threads.
-    unsafe {
-        cmd.pre_exec(move || plan.apply());
-    }
-    cmd.spawn()
-}
+/// How long a killed sandbox's init may take to tear its namespace down
+/// before bubblewrap itself is killed.
+const TEARDOWN_GRACE: Duration = Duration::from_secs(2);
 
-/// Kills bubblewrap and its pid-1 init, which takes the sandbox's pid
-/// namespace, and every process in it, down with them.
-fn kill_sandbox(child: &tokio::process::Child) {
+/// Kills the sandbox's init. The kernel then kills every process in its pid
+/// namespace and waits for them before init can be reaped, so by the time
+/// bubblewrap (which waits for init) exits, nothing of the sandbox is left.
+/// Falls back to killing bubblewrap's process group.
+async fn kill_sandbox(
+    child: &mut tokio::process::Child,
+    status: &mut Status,
+    lease: &Lease,
+) -> Option<ExitStatus> {
+    use rustix::process::{Signal, kill_process, kill_process_group};
+    if let Some(init) = status.sandbox_init() {
+        let _ = kill_process(init, Signal::KILL);
+        if let Ok(exit) = tokio::time::timeout(TEARDOWN_GRACE, child.wait()).await {
+            return exit.ok();
+        }
+    }
     if let Some(pid) = child
         .id()
         .and_then(|p| rustix::process::Pid::from_raw(p as i32))
     {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        let _ = kill_process_group(pid, Signal::KILL);
     }
+    lease.kill_all();
+    child.wait().await.ok()
 }
 
 async fn pump(

@@ -1,5 +1,5 @@
-//! The sandbox policy: turns an environment and one call into the bubblewrap
-//! command line. A pure function over plain data, so every rule is unit-tested
+//! The sandbox policy: turns an environment and one call into bubblewrap's
+//! options. A pure function over plain data, so every rule is unit-tested
 //! on the argv itself; nothing here touches the system.
 
 use std::ffi::OsString;
@@ -24,17 +24,19 @@ pub struct HostLayout {
     pub system_dirs: Vec<PathBuf>,
     /// `(target, link)` for top-level directories that are symlinks (merged /usr).
     pub system_links: Vec<(PathBuf, PathBuf)>,
-    /// Host `/etc` entries every host-mode sandbox needs (loader cache, alternatives).
-    pub etc_host: Vec<PathBuf>,
+
     /// Host `/etc` entries only networked sandboxes need (resolver, certificates).
     pub etc_network: Vec<PathBuf>,
-    /// A directory prepared at start-up that becomes `/etc`: passwd, group, hosts
-    /// and empty mount points for the host entries above.
+    /// A directory prepared at start-up that becomes `/etc`: passwd, group,
+    /// hosts, copies of the host's loader cache, alternatives and time zone,
+    /// and empty mount points for the network entries.
     pub etc_dir: PathBuf,
     /// bubblewrap understands `--disable-userns` (0.8 and later).
     pub disable_userns: bool,
     /// bubblewrap takes several seccomp programs (`--add-seccomp-fd`).
     pub add_seccomp_fd: bool,
+    /// bubblewrap reports its status as JSON (`--json-status-fd`).
+    pub json_status_fd: bool,
 }
 
 /// The project directory as the sandbox sees it.
@@ -55,14 +57,15 @@ pub struct Call<'a> {
     pub code_fd: Option<RawFd>,
     /// File descriptors holding the compiled seccomp programs, in load order.
     pub seccomp_fds: Vec<RawFd>,
+    /// Where bubblewrap writes its JSON status (to tell its own failures from the program's).
+    pub status_fd: Option<RawFd>,
     /// Variables read from the daemon's environment at call time.
     pub inherited: &'a [(String, String)],
-    /// The command to run inside; normally `env.command_for(code path)`.
-    pub command: Vec<String>,
 }
 
-/// The bubblewrap arguments (everything after the program name) for `call`.
-pub fn bwrap_args(layout: &HostLayout, call: &Call) -> Vec<OsString> {
+/// The bubblewrap options for `call`: everything but the command, which
+/// bubblewrap takes after `--` on its own command line.
+pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     let mut a = Args::default();
     let env = call.env;
 
@@ -131,11 +134,6 @@ pub fn bwrap_args(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         }
     }
     a.bind_ro(&layout.etc_dir, Path::new("/etc"));
-    if matches!(env.root, RootFs::Host { .. }) {
-        for f in &layout.etc_host {
-            a.bind_ro(f, f);
-        }
-    }
     if env.network {
         for f in &layout.etc_network {
             a.bind_ro(f, f);
@@ -175,11 +173,10 @@ pub fn bwrap_args(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         // Older bubblewrap loads one program: the main filter.
         a.pair("--seccomp", &fd.to_string());
     }
-    a.pair("--chdir", WORKSPACE);
-    a.flag("--");
-    for arg in &call.command {
-        a.0.push(arg.into());
+    if let (true, Some(fd)) = (layout.json_status_fd, call.status_fd) {
+        a.pair("--json-status-fd", &fd.to_string());
     }
+    a.pair("--chdir", WORKSPACE);
     a.0
 }
 
@@ -221,11 +218,12 @@ mod tests {
         HostLayout {
             system_dirs: vec!["/usr".into()],
             system_links: vec![("usr/bin".into(), "/bin".into())],
-            etc_host: vec!["/etc/ld.so.cache".into()],
+
             etc_network: vec!["/etc/resolv.conf".into()],
             etc_dir: "/run/nsm/etc".into(),
             disable_userns: true,
             add_seccomp_fd: true,
+            json_status_fd: true,
         }
     }
 
@@ -260,10 +258,10 @@ mod tests {
             project,
             code_fd: Some(7),
             seccomp_fds: vec![8, 9],
+            status_fd: Some(10),
             inherited,
-            command: env.command_for(&env.code_path()),
         };
-        bwrap_args(&layout(), &call)
+        bwrap_options(&layout(), &call)
             .into_iter()
             .map(|s| s.into_string().unwrap())
             .collect()
@@ -376,8 +374,13 @@ mod tests {
         let a = argv(&env(), None, &[]);
         assert!(has(&a, &["--file", "7", "/workspace/.main.py"]));
         assert!(has(&a, &["--add-seccomp-fd", "8", "--add-seccomp-fd", "9"]));
-        let sep = pos(&a, &["--"]);
-        assert_eq!(&a[sep + 1..], &["python3", "/workspace/.main.py"]);
+        assert!(has(&a, &["--json-status-fd", "10"]));
+        // The command follows on bubblewrap's own command line, with the path only.
+        assert!(!a.iter().any(|x| x == "--"));
+        assert_eq!(
+            env().command_for(&env().code_path()),
+            ["python3", "/workspace/.main.py"]
+        );
     }
 
     #[test]
@@ -386,10 +389,7 @@ mod tests {
         assert!(has(&a, &["--ro-bind", "/usr", "/usr"]));
         assert!(has(&a, &["--symlink", "usr/bin", "/bin"]));
         assert!(has(&a, &["--ro-bind", "/run/nsm/etc", "/etc"]));
-        // host /etc files go on top of the prepared /etc
-        assert!(
-            pos(&a, &["--ro-bind", "/etc/ld.so.cache"]) > pos(&a, &["--ro-bind", "/run/nsm/etc"])
-        );
+
         assert!(!a.iter().any(|x| x == "/home" || x == "/root"));
     }
 
@@ -420,6 +420,6 @@ mod tests {
             &a,
             &["--symlink", "/nix/store/ccc-bash/bin/bash", "/bin/sh"]
         ));
-        assert!(!a.iter().any(|x| x == "/usr" || x == "/etc/ld.so.cache"));
+        assert!(!a.iter().any(|x| x == "/usr"));
     }
 }

@@ -5,9 +5,10 @@
 //! (environments by name), `jail` (environment + call → bwrap argv), `exec`
 //! (one run's lifecycle), `limits` (cgroups and rlimits), `seccomp` (the
 //! syscall filter), `platform` (what the host offers), `server` (the MCP
-//! surface), `app` (start-up wiring), `doctor` (diagnostics).
+//! surface), `app` (start-up wiring), `doctor` (diagnostics), `audit` (the run log).
 
 pub mod app;
+pub mod audit;
 pub mod capture;
 pub mod cli;
 pub mod config;

@@ -6,7 +6,6 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,20 +37,12 @@ pub struct Fired {
     pub pids: bool,
 }
 
-/// One resource limit to apply in the child before exec.
+/// One resource limit, applied to bubblewrap (and so to everything it starts)
+/// before it sets the sandbox up.
 #[derive(Debug, Clone, Copy)]
 pub struct Rlimit {
     pub resource: rustix::process::Resource,
     pub value: u64,
-}
-
-/// What the forked child must do before exec: prepared data, usable after fork
-/// without allocating.
-#[derive(Debug, Clone, Default)]
-pub struct ChildSetup {
-    /// Open `cgroup.procs` files; writing "0" moves the writer into the group.
-    pub join: Arc<Vec<OwnedFd>>,
-    pub rlimits: Vec<Rlimit>,
 }
 
 #[derive(Debug)]
@@ -77,6 +68,9 @@ struct Pool {
     next_id: Mutex<u64>,
     /// Why cgroups are not used, when they are not.
     note: Option<String>,
+    /// Finished groups go here; a background thread waits for each to empty
+    /// and returns it to `free`, off the run's critical path.
+    recycle: Mutex<Option<std::sync::mpsc::Sender<Group>>>,
 }
 
 /// Decides and applies limits for every run of this daemon.
@@ -97,15 +91,7 @@ impl Enforcer {
     pub fn detect(sandbox_uid: u32) -> Enforcer {
         let (pool, note) =
             match detect_v2().or_else(|v2| detect_v1().map_err(|v1| format!("{v2}; {v1}"))) {
-                Ok(h) => (
-                    Some(Arc::new(Pool {
-                        hierarchy: h,
-                        free: Mutex::new(Vec::new()),
-                        next_id: Mutex::new(0),
-                        note: None,
-                    })),
-                    None,
-                ),
+                Ok(h) => (Some(Pool::start(h)), None),
                 Err(why) => (None, Some(why)),
             };
         Enforcer {
@@ -171,44 +157,29 @@ impl Enforcer {
         pool.free.lock().unwrap().extend(made);
     }
 
-    /// Prepares limits for one run. With cgroups, takes a group from the pool,
-    /// sets its limits and opens its `cgroup.procs` for the child to join.
-    pub fn acquire(&self, limits: &Limits) -> io::Result<Lease> {
-        let mut setup = ChildSetup {
-            join: Arc::default(),
-            rlimits: self.rlimits(limits),
-        };
+    /// Reserves a group for one sandbox (none in rlimit mode). The sandbox's
+    /// bubblewrap is moved into it with [`Lease::adopt`]; limits are set with
+    /// [`Lease::apply`] when the run is known.
+    pub fn reserve(&self) -> io::Result<Lease> {
         let Some(pool) = &self.pool else {
-            return Ok(Lease {
-                setup,
-                cgroup: None,
-            });
+            return Ok(Lease { cgroup: None });
         };
-        let mut group = match pool.free.lock().unwrap().pop() {
+        let group = match pool.free.lock().unwrap().pop() {
             Some(g) => g,
             None => pool.create_group()?,
         };
-        pool.apply(&mut group, limits)?;
-        let mut fds = Vec::new();
-        for dir in &group.dirs {
-            let f = fs::OpenOptions::new()
-                .write(true)
-                .open(dir.join("cgroup.procs"))?;
-            fds.push(OwnedFd::from(f));
-        }
-        setup.join = Arc::new(fds);
-        let before = pool.counters(&group);
         Ok(Lease {
-            setup,
             cgroup: Some(CgroupLease {
                 pool: pool.clone(),
                 group: Some(group),
-                before,
+                before: Counters::default(),
             }),
         })
     }
 
-    fn rlimits(&self, limits: &Limits) -> Vec<Rlimit> {
+    /// The rlimits for a run: always CPU, file size, open files and core
+    /// dumps; memory and processes too when no cgroup enforces them.
+    pub fn rlimits(&self, limits: &Limits) -> Vec<Rlimit> {
         use rustix::process::Resource;
         let mut out = vec![
             Rlimit {
@@ -244,6 +215,7 @@ impl Enforcer {
     /// Removes every prepared group (at shutdown).
     pub fn cleanup(&self) {
         if let Some(pool) = &self.pool {
+            *pool.recycle.lock().unwrap() = None;
             for g in pool.free.lock().unwrap().drain(..) {
                 pool.remove_group(&g);
             }
@@ -254,11 +226,10 @@ impl Enforcer {
     }
 }
 
-/// Limits prepared for one run. Keep it alive until the run has ended, then
-/// call [`Lease::finish`].
+/// A reserved group for one sandbox. Keep it alive until the run has ended,
+/// then call [`Lease::finish`].
 #[derive(Debug)]
 pub struct Lease {
-    pub setup: ChildSetup,
     cgroup: Option<CgroupLease>,
 }
 
@@ -270,6 +241,32 @@ struct CgroupLease {
 }
 
 impl Lease {
+    /// Moves process `pid` (a bubblewrap that has not started anything yet)
+    /// into the group. Blocking: the kernel may wait for an RCU grace period,
+    /// which is why this happens before a run, not during it.
+    pub fn adopt(&self, pid: u32) -> io::Result<()> {
+        if let Some(c) = &self.cgroup
+            && let Some(g) = &c.group
+        {
+            for dir in &g.dirs {
+                write_file(&dir.join("cgroup.procs"), &pid.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the group's limits for the coming run and notes the counters
+    /// against which fired limits are judged.
+    pub fn apply(&mut self, limits: &Limits) -> io::Result<()> {
+        if let Some(c) = &mut self.cgroup
+            && let Some(g) = &mut c.group
+        {
+            c.pool.apply(g, limits)?;
+            c.before = c.pool.counters(g);
+        }
+        Ok(())
+    }
+
     /// Kills every process still in the run's group (a backstop: the pid
     /// namespace normally takes them all down with it).
     pub fn kill_all(&self) {
@@ -292,13 +289,7 @@ impl Lease {
             memory: after.oom_kills > c.before.oom_kills,
             pids: after.pids_max_hits > c.before.pids_max_hits,
         };
-        self.setup.join = Arc::default();
-        if c.pool.wait_empty(&group, Duration::from_secs(2)) {
-            c.pool.free.lock().unwrap().push(group);
-        } else {
-            tracing::warn!("cgroup {:?} did not empty; discarding it", group.dirs);
-            c.pool.kill_group(&group);
-        }
+        c.pool.recycle(group);
         fired
     }
 }
@@ -309,9 +300,7 @@ impl Drop for Lease {
             && let Some(g) = c.group.take()
         {
             c.pool.kill_group(&g);
-            if c.pool.wait_empty(&g, Duration::from_secs(1)) {
-                c.pool.free.lock().unwrap().push(g);
-            }
+            c.pool.recycle(g);
         }
     }
 }
@@ -323,6 +312,44 @@ struct Counters {
 }
 
 impl Pool {
+    fn start(hierarchy: Hierarchy) -> Arc<Pool> {
+        let (tx, rx) = std::sync::mpsc::channel::<Group>();
+        let pool = Arc::new(Pool {
+            hierarchy,
+            free: Mutex::new(Vec::new()),
+            next_id: Mutex::new(0),
+            note: None,
+            recycle: Mutex::new(Some(tx)),
+        });
+        let weak = Arc::downgrade(&pool);
+        let spawned = std::thread::Builder::new()
+            .name("cgroup-recycler".into())
+            .spawn(move || {
+                for group in rx {
+                    let Some(pool) = weak.upgrade() else { break };
+                    if pool.wait_empty(&group, Duration::from_secs(2)) {
+                        pool.free.lock().unwrap().push(group);
+                    } else {
+                        tracing::warn!("cgroup {:?} did not empty; discarding it", group.dirs);
+                        pool.kill_group(&group);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the cgroup recycler ({e}); groups are not reused");
+            *pool.recycle.lock().unwrap() = None;
+        }
+        pool
+    }
+
+    /// Returns a finished group to the pool once it is empty, in the background.
+    fn recycle(&self, group: Group) {
+        let sender = self.recycle.lock().unwrap().clone();
+        if let Some(tx) = sender {
+            let _ = tx.send(group);
+        }
+    }
+
     fn containers(&self) -> Vec<PathBuf> {
         match &self.hierarchy {
             Hierarchy::V2 { container } => vec![container.clone()],
@@ -690,23 +717,21 @@ mod tests {
     fn rlimit_mode_adds_memory_and_process_limits() {
         let e = Enforcer::rlimits_only(u32::MAX, "test");
         let l = Limits::resolve(Default::default());
-        let lease = e.acquire(&l).unwrap();
+        let rlimits = e.rlimits(&l);
         use rustix::process::Resource;
-        let data = lease
-            .setup
-            .rlimits
+        let data = rlimits
             .iter()
             .find(|r| r.resource == Resource::Data)
             .unwrap();
         assert_eq!(data.value, l.memory_bytes);
-        let nproc = lease
-            .setup
-            .rlimits
+        let nproc = rlimits
             .iter()
             .find(|r| r.resource == Resource::Nproc)
             .unwrap();
         assert_eq!(nproc.value, l.pids);
-        assert!(lease.setup.join.is_empty());
+        let mut lease = e.reserve().unwrap();
+        lease.adopt(std::process::id()).unwrap();
+        lease.apply(&l).unwrap();
         assert_eq!(lease.finish(), Fired::default());
     }
 }

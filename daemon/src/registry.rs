@@ -83,8 +83,9 @@ pub struct Sources {
     pub flake_results: Vec<(String, Result<PathBuf, String>)>,
 }
 
-/// Loads every environment. `prober` runs the start-up checks inside the jail.
-pub async fn load(config: &Config, sources: &Sources, prober: &dyn Prober) -> Registry {
+/// Loads every environment. `prober`, when given, checks host environments
+/// inside the jail (dropping broken ones) and learns their versions.
+pub async fn load(config: &Config, sources: &Sources, prober: Option<&dyn Prober>) -> Registry {
     let mut reg = Registry::default();
     let mut candidates: Vec<Environment> = Vec::new();
 
@@ -158,8 +159,8 @@ pub async fn load(config: &Config, sources: &Sources, prober: &dyn Prober) -> Re
     // Host environments are checked inside the jail (and learn their versions);
     // all checks run in parallel.
     let checks = candidates.into_iter().map(|env| async move {
-        match host::probe_code(&env) {
-            Some(code) => match prober.probe(&env, code).await {
+        match prober.zip(host::probe_code(&env)) {
+            Some((prober, code)) => match prober.probe(&env, code).await {
                 Ok(out) => Ok(host::describe_from_probe(env, &out)),
                 Err(why) => Err((env.name.clone(), why)),
             },

@@ -94,9 +94,9 @@ pub fn validate_allow(allow: &[String]) -> Result<(), SeccompError> {
     Ok(())
 }
 
-/// Builds the filters, minus the syscalls in `allow`. The first filter refuses
-/// the blocked calls with EPERM; the second answers `clone3` with ENOSYS so the
-/// C library falls back to `clone`, whose flags the first filter can inspect.
+/// Builds the two filters, minus the syscalls in `allow`. The first refuses the
+/// blocked calls with EPERM; the second answers `clone3` with ENOSYS so the C
+/// library falls back to `clone`, whose flags the first filter can inspect.
 pub fn compile(allow: &[String]) -> Result<Programs, SeccompError> {
     validate_allow(allow)?;
     let arch: TargetArch = std::env::consts::ARCH
@@ -149,18 +149,20 @@ pub fn compile(allow: &[String]) -> Result<Programs, SeccompError> {
         }
     }
     let main = build(rules, SeccompAction::Errno(libc::EPERM as u32), arch)?;
-    let mut programs = vec![main];
-    if !allowed("clone") {
-        let clone3: BTreeMap<i64, Vec<SeccompRule>> = abi_variants("clone3", libc::SYS_clone3)
+    // Always two programs, so bubblewrap's descriptors are the same for every
+    // environment; with `clone` allowed the second lets everything through.
+    let clone3: BTreeMap<i64, Vec<SeccompRule>> = if allowed("clone") {
+        BTreeMap::new()
+    } else {
+        abi_variants("clone3", libc::SYS_clone3)
             .into_iter()
             .map(|n| (n, vec![]))
-            .collect();
-        programs.push(build(
-            clone3,
-            SeccompAction::Errno(libc::ENOSYS as u32),
-            arch,
-        )?);
-    }
+            .collect()
+    };
+    let programs = vec![
+        main,
+        build(clone3, SeccompAction::Errno(libc::ENOSYS as u32), arch)?,
+    ];
     Ok(Programs(programs))
 }
 
@@ -279,7 +281,8 @@ mod tests {
         let relaxed = compile(&["ptrace".to_string()]).unwrap();
         assert!(relaxed.0[0].len() < full.0[0].len());
         let no_clone = compile(&["clone".to_string()]).unwrap();
-        assert_eq!(no_clone.0.len(), 1);
+        assert_eq!(no_clone.0.len(), 2);
+        assert!(no_clone.0[1].len() < full.0[1].len());
     }
 
     #[test]

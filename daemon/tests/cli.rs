@@ -328,6 +328,13 @@ fn stdio_with_a_broken_sandbox_fails_fast_with_the_doctor_message() {
     let o = out(cli(&["doctor"]).env("PATH", &path));
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stdout).contains("FAIL  namespaces"));
+    let o = out(cli(&["run", "-e", "bash", "echo never"]).env("PATH", &path));
+    assert_eq!(o.status.code(), Some(126));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("could not be set up") && e.contains("fix:") && !e.contains("never"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -342,4 +349,30 @@ fn stdio_without_bubblewrap_fails_fast_with_install_advice() {
         e.contains("bubblewrap (bwrap) is not installed") && e.contains("apt install bubblewrap"),
         "{e}"
     );
+}
+
+#[test]
+fn as_root_a_project_the_sandbox_cannot_read_is_refused_at_start() {
+    if !rustix_is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let o = out(cli(&["envs"]).env("PROJECT_DIR", dir.path()));
+    assert_eq!(o.status.code(), Some(1));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("cannot read the project") && e.contains("chmod o+rx"),
+        "{e}"
+    );
+}
+
+fn rustix_is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
 }

@@ -274,3 +274,45 @@ async fn concurrent_runs_are_independent() {
         assert_eq!(o.stdout.text, format!("{i}\n"));
     }
 }
+
+#[tokio::test]
+async fn a_sandbox_that_cannot_be_set_up_is_not_blamed_on_the_program() {
+    use nix_sandbox_mcp::exec::{ExecError, Request};
+    use nix_sandbox_mcp::jail::ProjectMount;
+    let gone = ProjectMount {
+        host_path: "/nonexistent/project".into(),
+        mount_point: "/project".into(),
+        writable: false,
+    };
+    let r = fixture()
+        .app
+        .executor
+        .run(Request {
+            env: &env("bash"),
+            code: b"echo never",
+            project: Some(&gone),
+            inherited: vec![],
+            cancel: tokio_util::sync::CancellationToken::new(),
+            observer: None,
+        })
+        .await;
+    match r {
+        Err(ExecError::Setup(msg)) => assert!(msg.contains("/nonexistent/project"), "{msg}"),
+        other => panic!("expected a setup error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn descriptors_the_daemon_inherited_do_not_reach_the_sandbox() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let file = std::fs::File::open("/etc/hostname").unwrap();
+    // `dup` drops close-on-exec, like a descriptor an MCP client leaves open.
+    let inherited = rustix::io::dup(file.as_fd()).unwrap();
+    let o = run(&env("bash"), "ls /proc/self/fd | sort -n | tr '\\n' ' '").await;
+    assert_eq!(
+        o.stdout.text,
+        "0 1 2 3 ",
+        "descriptor {} leaked: {o:?}",
+        inherited.as_raw_fd()
+    );
+}

@@ -32,6 +32,13 @@ def server_params(config: str | None = None, project: str | None = None, env: di
     return StdioServerParameters(command=BIN, args=args, env=e)
 
 
+def readable_tmpdir() -> pathlib.Path:
+    """A fresh directory a root server's sandbox (uid 65534) can enter."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-"))
+    d.chmod(0o755)
+    return d
+
+
 _PROJECT: pathlib.Path | None = None
 
 
@@ -39,8 +46,7 @@ def fixture_project() -> pathlib.Path:
     """A project directory with a file and a symlink pointing outside it."""
     global _PROJECT
     if _PROJECT is None:
-        root = pathlib.Path(tempfile.mkdtemp(prefix="nsm-project-"))
-        root.chmod(0o755)
+        root = readable_tmpdir()
         proj = root / "project"
         proj.mkdir()
         (proj / "data.txt").write_text("project data\n")
@@ -87,6 +93,21 @@ def processes_with(marker: str) -> list[str]:
         if marker in cmd:
             found.append(f"{p.name}: {cmd}")
     return found
+
+
+_MECHANISM: str | None = None
+
+
+def limits_mechanism() -> str:
+    """"cgroup v2", "cgroup v1" or "rlimits", as the server reports it."""
+    global _MECHANISM
+    if _MECHANISM is None:
+        import subprocess
+
+        p = server_params()
+        out = subprocess.run([BIN, "envs", "--json"], env={**os.environ, **(p.env or {})}, capture_output=True, check=True)
+        _MECHANISM = json.loads(out.stdout)["limits_mechanism"]
+    return _MECHANISM
 
 
 def write_config(text: str) -> str:

@@ -15,6 +15,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::{self, AuditLog};
 use crate::exec::{ExecError, Executor, Request};
 use crate::jail::ProjectMount;
 use crate::registry::Registry;
@@ -30,12 +31,13 @@ pub const MAX_PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
 /// Shared state of the server, built once at start-up.
 pub struct Shared {
     pub registry: Registry,
-    pub executor: Arc<Executor>,
+    pub executor: Executor,
     pub project: Option<ProjectMount>,
     /// Variables passed through from the daemon's environment at call time.
     pub inherit_env: Vec<String>,
     /// Cancelled when the server shuts down: every run in flight is killed.
     pub shutdown: CancellationToken,
+    pub audit: Option<Arc<AuditLog>>,
 }
 
 #[derive(Clone)]
@@ -124,10 +126,21 @@ impl SandboxServer {
             })
             .await;
         cancel.cancel();
-        match outcome {
-            Ok(o) => Ok(result::run_result(&env.name, &o, &env.limits)),
-            Err(e) => Err(exec_error(e)),
+        let result = outcome.as_ref().map_err(exec_error);
+        if let Some(log) = &self.shared.audit {
+            let error = match &result {
+                Ok(o) => result::run_error(o, &env.limits).map(|e| e.code.as_str()),
+                Err(e) => Some(e.code.as_str()),
+            };
+            log.record(&audit::Entry {
+                env,
+                code: args.code.as_bytes(),
+                kind: "run",
+                outcome: outcome.as_ref().ok(),
+                error,
+            });
         }
+        result.map(|o| result::run_result(&env.name, o, &env.limits))
     }
 }
 
@@ -205,8 +218,8 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-pub fn exec_error(e: ExecError) -> ToolError {
-    match &e {
+pub fn exec_error(e: &ExecError) -> ToolError {
+    match e {
         ExecError::Busy { .. } => ToolError::new(
             ErrorCode::Busy,
             format!("the server is busy: {e}"),
@@ -222,10 +235,10 @@ pub fn exec_error(e: ExecError) -> ToolError {
             e.to_string(),
             "Send less code: generate large data inside the sandbox instead of inlining it.",
         ),
-        ExecError::Spawn(_) => ToolError::new(
+        ExecError::Spawn(_) | ExecError::Setup(_) => ToolError::new(
             ErrorCode::SandboxUnavailable,
             e.to_string(),
-            "This is a problem of the server's host, not of the code; tell the user to run `nix-sandbox-mcp doctor`.",
+            "This is a problem of the server's host or configuration, not of the code; tell the user to run `nix-sandbox-mcp doctor`.",
         ),
     }
 }

@@ -46,6 +46,10 @@ pub fn fixture() -> &'static Fixture {
                 .block_on(app::start(&StartOptions {
                     config: Some(config),
                     load_environments: true,
+                    quick: false,
+                    // Each test has its own runtime; sandboxes started in the
+                    // set-up runtime would outlive it.
+                    prestart: false,
                 }))
                 .unwrap_or_else(|e| panic!("start failed: {e}"));
             Fixture { app, project, _dir: dir }

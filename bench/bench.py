@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Times one `run` call against its floor, in one interleaved run, and prints
+medians, p95 and ratios to bare bubblewrap.
+
+Rows, for the same program (`bash` running `:` and `python3` running `pass`):
+  host          the interpreter with no sandbox
+  bare bwrap    bubblewrap with every namespace and /usr read-only (the floor)
+  MCP run       a tools/call round trip to a running server (limits on)
+  MCP, rlimits  the same with cgroups off (NIX_SANDBOX_LIMITS=rlimits)
+  CLI run       `nix-sandbox-mcp run` (a whole process start per call, like bin/run)
+
+The MCP client is a minimal JSON-RPC writer/reader on the server's pipes, so
+the numbers are the server's cost, not a client library's.
+
+usage: bench/bench.py [--bin target/release/nix-sandbox-mcp] [--runs 200] [--cli-runs 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class Server:
+    def __init__(self, binary: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([binary, "--stdio"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env={**os.environ, **env})
+        self.next_id = 0
+        self.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                    "clientInfo": {"name": "bench", "version": "1"}})
+        self.notify("notifications/initialized")
+
+    def notify(self, method: str) -> None:
+        self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": method}).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict) -> dict:
+        self.next_id += 1
+        msg = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+        while True:
+            reply = json.loads(self.proc.stdout.readline())
+            if reply.get("id") == self.next_id:
+                return reply
+
+    def run(self, env: str, code: str) -> None:
+        r = self.request("tools/call", {"name": "run", "arguments": {"env": env, "code": code}})
+        assert r["result"]["structuredContent"]["ok"], r
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+def bare_bwrap(script: str, interpreter: str) -> list[str]:
+    args = ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr"]
+    for d in ("bin", "lib", "lib64", "sbin"):
+        p = pathlib.Path("/") / d
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            args += ["--ro-bind", str(p), str(p)]
+    return args + ["--proc", "/proc", "--dev", "/dev", "--ro-bind", script, "/s", interpreter, "/s"]
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--cli-runs", type=int, default=30)
+    a = ap.parse_args()
+    if not pathlib.Path(a.bin).exists():
+        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
+
+    work = tempfile.mkdtemp(prefix="nsm-bench-")
+    os.chmod(work, 0o755)  # a root server runs sandboxes as an unprivileged uid
+    project = pathlib.Path(work) / "project"
+    project.mkdir(mode=0o755)
+    env = {"PROJECT_DIR": str(project), "RUST_LOG": "error"}
+    programs = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3")}
+    scripts = {}
+    for name, (code, _) in programs.items():
+        p = pathlib.Path(work) / f"{name}.script"
+        p.write_text(code)
+        scripts[name] = str(p)
+
+    limits_on = Server(a.bin, env)
+    limits_off = Server(a.bin, {**env, "NIX_SANDBOX_LIMITS": "rlimits"})
+    rows: dict[tuple[str, str], list[float]] = {}
+
+    def add(label: str, prog: str, ms: float) -> None:
+        rows.setdefault((prog, label), []).append(ms)
+
+    for name, (code, interp) in programs.items():
+        for _ in range(10):  # warm caches and the cgroup pool
+            limits_on.run(name, code)
+            limits_off.run(name, code)
+            subprocess.run(bare_bwrap(scripts[name], interp), check=True)
+        for i in range(a.runs):
+            add("host", name, timed(lambda: subprocess.run([interp, scripts[name]], check=True)))
+            add("bare bwrap", name, timed(lambda: subprocess.run(bare_bwrap(scripts[name], interp), check=True)))
+            add("MCP run", name, timed(lambda: limits_on.run(name, code)))
+            add("MCP run, rlimits only", name, timed(lambda: limits_off.run(name, code)))
+            if i < a.cli_runs:
+                cli = [a.bin, "run", "--env", name, code]
+                add("CLI run (bin/run)", name, timed(lambda: subprocess.run(cli, check=True, env={**os.environ, **env}, stdout=subprocess.DEVNULL)))
+    limits_on.close()
+    limits_off.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+    print(f"{'program':8} {'path':24} {'median ms':>10} {'p95 ms':>8} {'÷ bare bwrap':>13}")
+    for name in programs:
+        floor = statistics.median(rows[(name, "bare bwrap")])
+        for label in ("host", "bare bwrap", "MCP run", "MCP run, rlimits only", "CLI run (bin/run)"):
+            xs = sorted(rows[(name, label)])
+            med = statistics.median(xs)
+            p95 = xs[min(len(xs) - 1, int(len(xs) * 0.95))]
+            print(f"{name:8} {label:24} {med:10.2f} {p95:8.2f} {med / floor:13.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+//! The optional audit log: one JSON line per run (time, environment, what ran
+//! it, a SHA-256 of the code, how it ended, the limit that fired, output sizes).
+//! Code and output are recorded only when configured to be.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::environment::Environment;
+use crate::exec::Outcome;
+
+pub struct AuditLog {
+    file: Mutex<File>,
+    include_code: bool,
+    include_output: bool,
+}
+
+/// What to record about one call.
+pub struct Entry<'a> {
+    pub env: &'a Environment,
+    pub code: &'a [u8],
+    /// How the call was made: "run", "job", "session".
+    pub kind: &'a str,
+    pub outcome: Option<&'a Outcome>,
+    /// The error code of the result, when it was an error.
+    pub error: Option<&'a str>,
+}
+
+impl AuditLog {
+    /// Opens `path` for appending (created with mode 0600).
+    pub fn open(path: &Path, include_code: bool, include_output: bool) -> io::Result<AuditLog> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)?;
+        Ok(AuditLog {
+            file: Mutex::new(file),
+            include_code,
+            include_output,
+        })
+    }
+
+    pub fn record(&self, e: &Entry) {
+        let line = self.line(e, SystemTime::now());
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(err) = writeln!(f, "{line}") {
+            tracing::warn!("cannot write the audit log: {err}");
+        }
+    }
+
+    fn line(&self, e: &Entry, now: SystemTime) -> Value {
+        let mut v = json!({
+            "time": humantime::format_rfc3339_millis(now).to_string(),
+            "kind": e.kind,
+            "env": e.env.name,
+            "source": e.env.source.to_string(),
+            "interpreter": e.env.interpreter,
+            "code_sha256": hex(&Sha256::digest(e.code)),
+            "code_bytes": e.code.len(),
+            "error": e.error,
+        });
+        if let Some(o) = e.outcome {
+            v["exit_code"] = json!(o.exit_code);
+            v["signal"] = json!(o.signal);
+            v["duration_ms"] = json!(o.duration.as_millis() as u64);
+            v["timed_out"] = json!(o.timed_out);
+            v["limit"] = json!(o.limit.map(|l| l.as_str()));
+            v["stdout_bytes"] = json!(o.stdout.total_bytes);
+            v["stderr_bytes"] = json!(o.stderr.total_bytes);
+            if self.include_output {
+                v["stdout"] = json!(o.stdout.text);
+                v["stderr"] = json!(o.stderr.text);
+            }
+        }
+        if self.include_code {
+            v["code"] = json!(String::from_utf8_lossy(e.code));
+        }
+        v
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::Captured;
+    use crate::environment::{Limits, RootFs, Source};
+    use std::time::Duration;
+
+    fn env() -> Environment {
+        Environment {
+            name: "python".into(),
+            description: "Python".into(),
+            source: Source::Host {
+                program: "/usr/bin/python3".into(),
+            },
+            interpreter: vec!["/usr/bin/python3".into(), "{file}".into()],
+            file_name: ".main.py".into(),
+            root: RootFs::Host { extra: vec![] },
+            path: vec![],
+            vars: Default::default(),
+            limits: Limits::resolve(Default::default()),
+            settings: Default::default(),
+            network: false,
+            seccomp_allow: vec![],
+            tools: vec![],
+            kind: None,
+        }
+    }
+
+    fn outcome() -> Outcome {
+        Outcome {
+            exit_code: Some(0),
+            signal: None,
+            stdout: Captured {
+                text: "SECRET OUTPUT".into(),
+                total_bytes: 13,
+                dropped_bytes: 0,
+            },
+            stderr: Captured::default(),
+            duration: Duration::from_millis(5),
+            timed_out: false,
+            cancelled: false,
+            limit: None,
+            limits_reached: vec![],
+        }
+    }
+
+    #[test]
+    fn records_a_hash_not_the_code_or_output_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path, false, false).unwrap();
+        let o = outcome();
+        log.record(&Entry {
+            env: &env(),
+            code: b"print('SECRET CODE')",
+            kind: "run",
+            outcome: Some(&o),
+            error: None,
+        });
+        log.record(&Entry {
+            env: &env(),
+            code: b"x",
+            kind: "run",
+            outcome: None,
+            error: Some("busy"),
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("SECRET"), "{text}");
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            lines[0]["code_sha256"],
+            hex(&Sha256::digest(b"print('SECRET CODE')"))
+        );
+        assert_eq!(lines[0]["exit_code"], 0);
+        assert_eq!(lines[0]["stdout_bytes"], 13);
+        assert_eq!(lines[0]["source"], "host /usr/bin/python3");
+        assert!(lines[0]["time"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(lines[1]["error"], "busy");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    #[test]
+    fn records_code_and_output_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path, true, true).unwrap();
+        let o = outcome();
+        log.record(&Entry {
+            env: &env(),
+            code: b"print('SECRET CODE')",
+            kind: "run",
+            outcome: Some(&o),
+            error: None,
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("SECRET CODE") && text.contains("SECRET OUTPUT"));
+    }
+}

@@ -1,0 +1,345 @@
+//! Hostile and broken code against the limits and the syscall filter, with
+//! real bubblewrap: each case must be contained, attributed to the right limit,
+//! and leave the executor serving normally.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{env, env_with, fixture, marker, processes_with, run};
+use nix_sandbox_mcp::app;
+use nix_sandbox_mcp::config::{Config, Positive};
+use nix_sandbox_mcp::exec::{ExecError, LimitKind, Request};
+use nix_sandbox_mcp::limits::Mechanism;
+use tokio_util::sync::CancellationToken;
+
+fn cgroups() -> bool {
+    fixture().app.executor.enforcer().mechanism() != Mechanism::Rlimits
+}
+
+#[tokio::test]
+async fn memory_bomb_is_killed_and_reported() {
+    let e = env_with("python", |e| e.limits.memory_bytes = 96 << 20);
+    let o = run(
+        &e,
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))\n",
+    )
+    .await;
+    assert!(!o.succeeded());
+    if cgroups() {
+        assert_eq!(o.limit, Some(LimitKind::Memory), "{o:?}");
+    } else {
+        assert!(o.stderr.text.contains("MemoryError"), "{o:?}");
+    }
+    assert!(run(&env("bash"), "echo alive").await.succeeded());
+}
+
+#[tokio::test]
+async fn fork_bomb_is_contained_and_leaves_nothing() {
+    let m = marker();
+    let e = env_with("bash", |e| {
+        e.limits.pids = 48;
+        e.limits.timeout = Duration::from_secs(3);
+    });
+    let t = Instant::now();
+    let o = run(
+        &e,
+        &format!("bomb() {{ sleep {m} & bomb | bomb & }}\nbomb\nwait\n"),
+    )
+    .await;
+    assert!(t.elapsed() < Duration::from_secs(8));
+    assert!(!o.succeeded(), "{o:?}");
+    if cgroups() {
+        assert!(o.limits_reached.contains(&LimitKind::Processes), "{o:?}");
+    }
+    assert!(
+        processes_with(&m).is_empty(),
+        "left behind: {:?}",
+        processes_with(&m).len()
+    );
+    assert!(run(&env("bash"), "echo alive").await.succeeded());
+}
+
+#[tokio::test]
+async fn failed_fork_is_attributed_to_the_process_limit() {
+    let e = env_with("python", |e| e.limits.pids = 16);
+    let code = "import os, time\nkids = []\nwhile True:\n    pid = os.fork()\n    if pid == 0:\n        time.sleep(5); os._exit(0)\n    kids.append(pid)\n";
+    let o = run(&e, code).await;
+    assert_eq!(o.exit_code, Some(1), "{o:?}");
+    assert!(
+        o.stderr.text.contains("BlockingIOError")
+            || o.stderr.text.contains("Resource temporarily unavailable"),
+        "{o:?}"
+    );
+    if cgroups() {
+        assert_eq!(o.limit, Some(LimitKind::Processes), "{o:?}");
+    }
+}
+
+#[tokio::test]
+async fn cpu_limit_stops_a_busy_loop() {
+    let e = env_with("python", |e| {
+        e.limits.cpu_seconds = 1;
+        e.limits.timeout = Duration::from_secs(20);
+    });
+    let t = Instant::now();
+    let o = run(&e, "while True: pass").await;
+    assert_eq!(o.limit, Some(LimitKind::Cpu), "{o:?}");
+    assert_eq!(o.signal, Some(libc::SIGXCPU));
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn file_size_limit_stops_a_growing_file() {
+    let e = env_with("bash", |e| e.limits.file_size_bytes = 4 << 20);
+    let o = run(&e, "exec head -c 64M /dev/zero > /workspace/big").await;
+    assert_eq!(o.limit, Some(LimitKind::FileSize), "{o:?}");
+    assert_eq!(o.signal, Some(libc::SIGXFSZ));
+}
+
+#[tokio::test]
+async fn filling_the_disk_hits_the_tmpfs_bound() {
+    let e = env_with("bash", |e| e.limits.workspace_bytes = 8 << 20);
+    let code = "for d in /workspace /tmp /dev/shm; do head -c 64M /dev/zero > $d/fill 2>/dev/null; echo \"$d $(( $(stat -c %s $d/fill) >> 20 ))\"; done";
+    let o = run(&e, code).await;
+    // Each filesystem stops at its 8 MiB bound (the code file takes a little of /workspace).
+    let sizes: Vec<(String, u64)> = o
+        .stdout
+        .text
+        .lines()
+        .map(|l| {
+            let (d, mb) = l.split_once(' ').unwrap();
+            (d.to_string(), mb.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(sizes.len(), 3, "{o:?}");
+    for (dir, mb) in sizes {
+        assert!((7..=8).contains(&mb), "{dir} grew to {mb} MiB");
+    }
+    let o = run(&env("bash"), "ls -A /workspace /tmp").await;
+    assert!(!o.stdout.text.contains("fill"), "{o:?}");
+}
+
+#[tokio::test]
+async fn open_files_are_limited() {
+    let e = env_with("python", |e| e.limits.open_files = 64);
+    let o = run(&e, "fs = []\ntry:\n    while True: fs.append(open('/dev/null'))\nexcept OSError as err:\n    print(len(fs) < 64, err.errno)\n").await;
+    assert_eq!(o.stdout.text, "True 24\n", "{o:?}");
+}
+
+#[tokio::test]
+async fn output_limit_kills_a_gigabyte_flood() {
+    let e = env_with("bash", |e| e.limits.output_limit_bytes = 64 << 20);
+    let t = Instant::now();
+    let o = run(
+        &e,
+        "echo START; head -c 1G /dev/zero | tr '\\0' x; echo END",
+    )
+    .await;
+    assert_eq!(o.limit, Some(LimitKind::Output), "{o:?}");
+    assert!(o.stdout.text.starts_with("START\n"));
+    assert!(o.stdout.total_bytes >= 64 << 20 && o.stdout.total_bytes < 1 << 30);
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+/// Python that calls each syscall directly and prints `name errno`.
+const SYSCALL_PROBE: &str = r#"
+import ctypes, os, platform, pty, fcntl, termios
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {
+ "x86_64": dict(ptrace=101, process_vm_readv=310, keyctl=250, add_key=248, mount=165, umount2=166, pivot_root=155,
+   unshare=272, setns=308, kexec_load=246, bpf=321, perf_event_open=298, userfaultfd=323, personality=135,
+   io_uring_setup=425, open_by_handle_at=304, init_module=175, reboot=169, syslog=103, clone3=435),
+ "aarch64": dict(ptrace=117, process_vm_readv=270, keyctl=219, add_key=217, mount=40, umount2=39, pivot_root=41,
+   unshare=97, setns=268, kexec_load=104, bpf=280, perf_event_open=241, userfaultfd=282, personality=92,
+   io_uring_setup=425, open_by_handle_at=265, init_module=105, reboot=142, syslog=116, clone3=435),
+}[platform.machine()]
+args = dict(unshare=[0x10000000], personality=[0x0040000], ptrace=[0, 0, 0, 0])
+for name, n in nr.items():
+    ctypes.set_errno(0)
+    r = libc.syscall(n, *[ctypes.c_long(a) for a in args.get(name, [0, 0, 0, 0, 0])])
+    print(name, 0 if r >= 0 else ctypes.get_errno())
+master, slave = pty.openpty()
+try:
+    fcntl.ioctl(slave, termios.TIOCSTI, b"x"); print("TIOCSTI 0")
+except OSError as e:
+    print("TIOCSTI", e.errno)
+import threading
+t = threading.Thread(target=lambda: None); t.start(); t.join(); print("threads ok")
+"#;
+
+fn probe_results(stdout: &str) -> std::collections::BTreeMap<String, i32> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
+#[tokio::test]
+async fn seccomp_blocks_dangerous_syscalls_but_threads_work() {
+    let o = run(&env("python"), SYSCALL_PROBE).await;
+    assert!(o.succeeded(), "{o:?}");
+    assert!(o.stdout.text.contains("threads ok"));
+    let r = probe_results(&o.stdout.text);
+    for (name, errno) in &r {
+        let expected = if name == "clone3" {
+            libc::ENOSYS
+        } else {
+            libc::EPERM
+        };
+        assert_eq!(*errno, expected, "{name}: {}", o.stdout.text);
+    }
+    assert!(r.len() >= 21, "{r:?}");
+}
+
+#[tokio::test]
+async fn seccomp_allow_relaxes_only_what_is_named() {
+    let e = env_with("python", |e| {
+        e.seccomp_allow = vec!["ptrace".into(), "personality".into()]
+    });
+    let o = run(&e, SYSCALL_PROBE).await;
+    let r = probe_results(&o.stdout.text);
+    assert_eq!(r["ptrace"], 0, "{}", o.stdout.text);
+    assert_eq!(r["personality"], 0);
+    assert_eq!(r["unshare"], libc::EPERM);
+    assert_eq!(r["TIOCSTI"], libc::EPERM);
+}
+
+#[tokio::test]
+async fn proc_shows_only_the_sandbox_and_kernel_knobs_are_read_only() {
+    let code = r#"
+ls /proc | grep -c '^[0-9]'
+ls /proc/1/root/ | tr '\n' ' '; echo
+cat /proc/1/root/etc/shadow 2>&1 | head -1
+for f in /proc/sys/kernel/core_pattern /proc/sysrq-trigger /proc/sys/vm/drop_caches; do (echo 1 > $f) 2>/dev/null && echo "WROTE $f" || echo "denied $f"; done
+head -c 16 /proc/kcore >/dev/null 2>&1 && echo KCORE || echo "no kcore"
+"#;
+    let o = run(&env("bash"), code).await;
+    let lines: Vec<&str> = o.stdout.text.lines().collect();
+    assert!(lines[0].parse::<u32>().unwrap() < 10, "{o:?}");
+    assert!(
+        !lines[1].contains("home") && !lines[1].contains("root "),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        !o.stdout.text.contains("WROTE") && !o.stdout.text.contains("KCORE"),
+        "{o:?}"
+    );
+    assert!(o.stdout.text.contains("No such file"), "{o:?}");
+}
+
+#[tokio::test]
+async fn a_full_executor_answers_busy_at_once_and_queues_within_bounds() {
+    let mut config = Config::default();
+    config.server.max_concurrent_runs = Some(Positive(1));
+    config.server.max_queued_runs = Some(1);
+    let executor = app::executor_for(&config, true).unwrap();
+    let slow = env_with("bash", |_| {});
+    let request = |code: &'static str| Request {
+        env: &slow,
+        code: code.as_bytes(),
+        project: None,
+        inherited: vec![],
+        cancel: CancellationToken::new(),
+        observer: None,
+    };
+    let first = executor.run(request("sleep 1; echo first"));
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        executor.run(request("echo second")).await
+    };
+    let third = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t = Instant::now();
+        let r = executor.run(request("echo third")).await;
+        (r, t.elapsed())
+    };
+    let (a, b, (c, c_wait)) = tokio::join!(first, second, third);
+    assert_eq!(a.unwrap().stdout.text, "first\n");
+    assert_eq!(
+        b.unwrap().stdout.text,
+        "second\n",
+        "the queued call runs once a slot frees"
+    );
+    assert!(
+        matches!(
+            c,
+            Err(ExecError::Busy {
+                running: 1,
+                queued: 1
+            })
+        ),
+        "{c:?}"
+    );
+    assert!(
+        c_wait < Duration::from_millis(100),
+        "busy must be immediate: {c_wait:?}"
+    );
+    executor.enforcer().cleanup();
+}
+
+#[tokio::test]
+async fn cancelling_kills_the_sandbox_promptly() {
+    let m = marker();
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        trigger.cancel();
+    });
+    let t = Instant::now();
+    let o = common::run_with(
+        &env("bash"),
+        &format!("setsid sleep {m} & sleep 30"),
+        cancel,
+    )
+    .await;
+    assert!(o.cancelled, "{o:?}");
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(processes_with(&m).is_empty());
+}
+
+#[tokio::test]
+async fn rlimit_fallback_still_bounds_memory_and_processes() {
+    use nix_sandbox_mcp::exec::Executor;
+    use nix_sandbox_mcp::limits::Enforcer;
+    use nix_sandbox_mcp::platform::Platform;
+    let platform = Platform::probe().unwrap();
+    let enforcer = Enforcer::rlimits_only(platform.sandbox_host_uid(), "forced by the test");
+    assert_eq!(enforcer.mechanism(), Mechanism::Rlimits);
+    let executor = Executor::new(Arc::new(platform), enforcer, 2, 2, 0);
+    let go = |env: &nix_sandbox_mcp::environment::Environment, code: &str| {
+        let code = code.as_bytes().to_vec();
+        let env = env.clone();
+        let executor = &executor;
+        async move {
+            executor
+                .run(Request {
+                    env: &env,
+                    code: &code,
+                    project: None,
+                    inherited: vec![],
+                    cancel: CancellationToken::new(),
+                    observer: None,
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let py = env_with("python", |e| e.limits.memory_bytes = 128 << 20);
+    let o = go(&py, "x = bytearray(512 << 20)").await;
+    assert!(o.stderr.text.contains("MemoryError"), "{o:?}");
+    let py = env_with("python", |e| e.limits.pids = 16);
+    let o = go(&py, "import os, time\nn = 0\ntry:\n    while n < 100:\n        if os.fork() == 0:\n            time.sleep(3); os._exit(0)\n        n += 1\nexcept OSError:\n    print('stopped', n < 100)\n").await;
+    assert_eq!(o.stdout.text, "stopped True\n", "{o:?}");
+    // Node reserves address space far beyond its memory use; RLIMIT_DATA lets it start.
+    let o = go(&env("node"), "console.log('node ok')").await;
+    assert_eq!(o.stdout.text, "node ok\n", "{o:?}");
+}

@@ -1,0 +1,340 @@
+"""Hostile and broken input through the real binary: every case must be
+contained, and the server must answer the next request normally. Processes
+are counted before and after: none may be left over."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import select
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+
+import anyio
+
+from harness import call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, server_params, session, write_config
+
+LIMITS = write_config(
+    "[defaults]\ntimeout_ms = 4000\nmemory_mb = 128\npids = 64\nworkspace_mb = 16\noutput_limit_mb = 64\n"
+    "[server]\nmax_concurrent_runs = 4\nmax_queued_runs = 200\n"
+)
+
+
+def sandbox_scripts() -> list[str]:
+    return processes_with("/workspace/.main.")
+
+
+async def still_serving(s) -> None:
+    sc, _, err = await call(s, "bash", "echo still-serving")
+    assert not err and sc["stdout"] == "still-serving\n", dump(sc)
+
+
+def test_fork_bomb_is_contained():
+    async def t():
+        async with session(config=LIMITS) as s:
+            # The bomb's first generation exits at once, which alone would end the
+            # sandbox; the trailing sleep keeps it alive so the bomb meets the limits.
+            t0 = time.monotonic()
+            sc, _, err = await call(s, "bash", ":(){ :|:& };:\nsleep 30")
+            assert err and sc["limit"] == "timeout", dump(sc)
+            assert time.monotonic() - t0 < 10
+            if limits_mechanism() != "rlimits":
+                assert "processes" in sc["limits_reached"], dump(sc)
+            await still_serving(s)
+    run_async(t)
+    assert sandbox_scripts() == []
+
+
+def test_memory_bomb_is_killed_with_the_memory_code():
+    async def t():
+        async with session(config=LIMITS) as s:
+            sc, text, err = await call(s, "python", "x = []\nwhile True: x.append(bytearray(8 << 20))")
+            assert err
+            if limits_mechanism() == "rlimits":
+                assert sc["error"]["code"] == "exit_nonzero" and "MemoryError" in sc["stderr"], dump(sc)
+            else:
+                assert sc["error"]["code"] == "memory_limit" and sc["limit"] == "memory", dump(sc)
+                assert "128 MiB" in sc["error"]["message"]
+            await still_serving(s)
+    run_async(t)
+
+
+def test_filling_the_disk_stays_inside_the_sandbox():
+    async def t():
+        async with session(config=LIMITS) as s:
+            sc, _, _ = await call(s, "bash", "head -c 1G /dev/zero > /workspace/fill; echo rc=$?; du -m /workspace/fill | cut -f1")
+            lines = sc["stdout"].split()
+            assert lines[0] == "rc=1" and int(lines[1]) <= 16, dump(sc)
+            assert "No space left" in sc["stderr"]
+            await still_serving(s)
+    run_async(t)
+
+
+def test_gigabyte_output_flood_is_cut_and_reported():
+    async def t():
+        async with session(config=LIMITS) as s:
+            t0 = time.monotonic()
+            sc, text, err = await call(s, "bash", "echo BEGIN; yes 0123456789abcdef | head -c 1G; echo END")
+            assert err and sc["limit"] == "output" and sc["error"]["code"] == "output_limit", dump(sc)
+            assert sc["stdout"].startswith("BEGIN\n") and "bytes omitted" in sc["stdout"]
+            assert time.monotonic() - t0 < 15
+            await still_serving(s)
+    run_async(t)
+
+
+def test_host_secrets_are_out_of_reach(tmp_path):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE-KEY-MATERIAL\n")
+    env = {"HOME": str(home), "AWS_SECRET_ACCESS_KEY": "AKIA-SECRET-VALUE"}
+
+    async def t():
+        async with session(env=env) as s:
+            code = (
+                f"cat {home}/.ssh/id_ed25519 2>&1; cat ~/.ssh/id_ed25519 2>&1; cat /etc/shadow 2>&1\n"
+                "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'\n"
+                "grep -r AKIA-SECRET /proc/*/environ /proc/*/cmdline 2>/dev/null\n"
+            )
+            sc, _, _ = await call(s, "bash", code)
+            everything = sc["stdout"] + sc["stderr"]
+            assert "PRIVATE-KEY-MATERIAL" not in everything
+            assert "AKIA-SECRET-VALUE" not in everything
+            assert "No such file" in everything
+    run_async(t)
+
+
+def test_project_symlinks_that_point_outside_give_nothing():
+    tmp_path = readable_tmpdir()
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("OUTSIDE-SECRET\n")
+    (proj / "to-outside-dir").symlink_to(outside)
+    (proj / "to-outside-file").symlink_to(outside / "secret.txt")
+    (proj / "to-etc").symlink_to("/etc")
+    for p in (tmp_path, proj, outside):
+        p.chmod(0o755)
+    (outside / "secret.txt").chmod(0o644)
+
+    async def t():
+        async with session(project=str(proj)) as s:
+            code = (
+                "cat /project/to-outside-file 2>&1; ls /project/to-outside-dir/ 2>&1\n"
+                "echo pwned > /project/to-outside-dir/new 2>&1; echo pwned > /project/to-outside-file 2>&1\n"
+                "ls /project/to-etc/ | tr '\\n' ' '\n"
+            )
+            sc, _, _ = await call(s, "bash", code)
+            assert "OUTSIDE-SECRET" not in sc["stdout"], dump(sc)
+            assert "shadow" not in sc["stdout"]
+    run_async(t)
+    assert (outside / "secret.txt").read_text() == "OUTSIDE-SECRET\n"
+    assert not (outside / "new").exists()
+
+
+def test_host_loopback_and_outside_addresses_are_unreachable():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+
+    async def t():
+        async with session() as s:
+            code = (
+                "import socket\n"
+                f"for addr in [('127.0.0.1', {port}), ('10.0.0.1', 80), ('1.1.1.1', 443)]:\n"
+                "    c = socket.socket(); c.settimeout(2)\n"
+                "    try:\n"
+                "        c.connect(addr); print('CONNECTED', addr)\n"
+                "    except OSError:\n"
+                "        print('unreachable')\n"
+            )
+            sc, _, _ = await call(s, "python", code)
+            assert sc["stdout"] == "unreachable\n" * 3, dump(sc)
+    run_async(t)
+    try:
+        listener.accept()
+        raise AssertionError("the host's loopback listener got a connection")
+    except BlockingIOError:
+        pass
+
+
+def test_tiocsti_ptrace_and_proc_escapes_fail():
+    async def t():
+        async with session() as s:
+            code = (
+                "import ctypes, fcntl, os, pty, termios\n"
+                "m, sl = pty.openpty()\n"
+                "try:\n    fcntl.ioctl(sl, termios.TIOCSTI, b'x'); print('TIOCSTI worked')\n"
+                "except OSError as e:\n    print('TIOCSTI', e.errno)\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "print('ptrace', libc.ptrace(0, 0, 0, 0), ctypes.get_errno())\n"
+                "print('root', sorted(os.listdir('/proc/1/root')))\n"
+                "for p in ['/proc/1/root/etc/shadow', '/proc/self/root/root', '/proc/1/cwd/../../home']:\n"
+                "    print(p, os.path.exists(p))\n"
+                "print('pids', len([d for d in os.listdir('/proc') if d.isdigit()]))\n"
+            )
+            sc, _, _ = await call(s, "python", code)
+            out = sc["stdout"]
+            assert "TIOCSTI 1\n" in out and "ptrace -1 1\n" in out, out
+            assert "home" not in out.split("root ", 1)[1].split("\n")[0]
+            assert "True" not in out, out
+            assert int(out.rsplit("pids ", 1)[1]) < 10
+    run_async(t)
+
+
+def test_a_hundred_concurrent_calls_all_complete():
+    async def t():
+        async with session(config=LIMITS) as s:
+            results: list = []
+
+            async def one(i: int) -> None:
+                results.append((i, await call(s, "bash", f"echo {i}")))
+
+            t0 = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                for i in range(100):
+                    tg.start_soon(one, i)
+            assert len(results) == 100
+            for i, (sc, _, err) in results:
+                assert not err and sc["stdout"] == f"{i}\n", dump(sc)
+            print(f"100 concurrent calls in {time.monotonic() - t0:.1f}s")
+            await still_serving(s)
+    run_async(t)
+
+
+def test_overload_beyond_the_queue_is_an_immediate_busy_error():
+    config = write_config("[server]\nmax_concurrent_runs = 1\nmax_queued_runs = 2\n")
+
+    async def t():
+        async with session(config=config) as s:
+            results: list = []
+
+            async def one(i: int) -> None:
+                t0 = time.monotonic()
+                sc, _, err = await call(s, "bash", "sleep 0.5; echo done")
+                results.append((sc, time.monotonic() - t0))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(one, i)
+            busy = [r for r in results if r[0].get("error", {}).get("code") == "busy"]
+            done = [r for r in results if r[0].get("stdout") == "done\n"]
+            assert len(done) == 3 and len(busy) == 5, [dump(r[0]) for r in results]
+            assert all(elapsed < 0.4 for _, elapsed in busy), busy
+            assert "retry" in busy[0][0]["error"]["suggestion"].lower()
+    run_async(t)
+
+
+def test_slow_run_does_not_block_other_requests():
+    async def t():
+        async with session() as s:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, s, "bash", "sleep 3")
+                await anyio.sleep(0.3)
+                t0 = time.monotonic()
+                await s.list_tools()
+                sc, _, _ = await call(s, "python", "print('quick')")
+                assert sc["stdout"] == "quick\n"
+                assert time.monotonic() - t0 < 1.5
+    run_async(t)
+
+
+def test_ten_megabyte_payload():
+    async def t():
+        async with session() as s:
+            code = "n = 0\n" + ("n += 1  # " + "x" * 90 + "\n") * (10 * 1024 * 1024 // 101) + "print(n)\n"
+            assert len(code) > 10 * 1024 * 1024 - 200
+            sc, _, err = await call(s, "python", code)
+            assert not err and int(sc["stdout"]) > 100_000, dump(sc)
+    run_async(t)
+
+
+class RawServer:
+    """The server driven with hand-written JSON-RPC lines."""
+
+    def __init__(self) -> None:
+        p = server_params()
+        self.proc = subprocess.Popen([p.command, *p.args], env={**os.environ, **(p.env or {})}, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                   "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        assert self.recv()["result"]["protocolVersion"] == "2025-11-25"
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, msg) -> None:
+        line = msg if isinstance(msg, (bytes, str)) else json.dumps(msg)
+        self.proc.stdin.write(line.encode() if isinstance(line, str) else line)
+        self.proc.stdin.write(b"\n")
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float = 10) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, "no answer from the server"
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_malformed_json_rpc_unknown_methods_and_wrong_types_are_survived():
+    srv = RawServer()
+    try:
+        srv.send(b"{this is not json")
+        srv.send(b"\xff\xfe garbage")
+        srv.send({"jsonrpc": "2.0", "id": 1, "method": "no/such/method"})
+        r = srv.recv()
+        assert r["id"] == 1 and r["error"]["code"] == -32601, r
+        srv.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "nope", "arguments": {}}})
+        r = srv.recv()
+        assert r["id"] == 2 and "error" in r and "run" in r["error"]["message"], r
+        srv.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "run", "arguments": {"env": 5, "code": None}}})
+        r = srv.recv()
+        assert r["result"]["isError"] and r["result"]["structuredContent"]["error"]["code"] == "invalid_input", r
+        srv.send({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "run", "arguments": {"env": "bash", "code": "echo ok"}}})
+        r = srv.recv()
+        assert r["result"]["structuredContent"]["stdout"] == "ok\n", r
+    finally:
+        srv.close()
+
+
+def test_client_disconnect_mid_run_kills_the_sandbox():
+    marker = str(uuid.uuid4().int % 10**8)
+    srv = RawServer()
+    srv.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+              "params": {"name": "run", "arguments": {"env": "bash", "code": f"setsid sleep {marker} & sleep {marker}.5"}}})
+    deadline = time.monotonic() + 5
+    while not processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker), "the run never started"
+    srv.proc.stdin.close()
+    srv.proc.wait(timeout=10)
+    deadline = time.monotonic() + 3
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker) == []
+
+
+def test_audit_log_records_runs_without_code_or_output(tmp_path):
+    log = tmp_path / "audit.jsonl"
+    config = write_config(f'[server]\naudit_log = "{log}"\n')
+
+    async def t():
+        async with session(config=config) as s:
+            await call(s, "python", "print('AUDIT-SECRET-OUTPUT')  # AUDIT-SECRET-CODE")
+            await call(s, "bash", "exit 5")
+    run_async(t)
+    lines = [json.loads(l) for l in log.read_text().splitlines()]
+    assert len(lines) == 2
+    assert "AUDIT-SECRET" not in log.read_text()
+    assert lines[0]["env"] == "python" and lines[0]["exit_code"] == 0 and len(lines[0]["code_sha256"]) == 64
+    assert lines[0]["stdout_bytes"] == len("AUDIT-SECRET-OUTPUT\n")
+    assert lines[1]["exit_code"] == 5 and lines[1]["error"] == "exit_nonzero"
+    for key in ("time", "source", "interpreter", "signal", "duration_ms", "limit"):
+        assert key in lines[0], key
