@@ -137,7 +137,9 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
         .max_queued_runs
         .map(|q| q as usize)
         .unwrap_or(32);
-    enforcer.warm(max_running);
+        if prestart {
+        enforcer.warm(max_running);
+    }
     Ok(Executor::new(
         Arc::new(platform),
         enforcer,

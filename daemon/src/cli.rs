@@ -212,28 +212,13 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         registry.names().join(", "),
         executor.enforcer().describe()
     );
-    executor.keep_ready_for(registry.iter().map(|e| e.as_ref()));
-    let refresher = executor.clone();
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
-        every.tick().await;
-        loop {
-            every.tick().await;
-            let x = refresher.clone();
-            let _ = tokio::task::spawn_blocking(move || x.platform().refresh_etc()).await;
-        }
-    });
+
     let shutdown = CancellationToken::new();
     let server = SandboxServer::new(Shared {
         registry,
         executor: executor.clone(),
         project,
-        inherit_env: config
-            .project
-            .inherit_env
-            .iter()
-            .map(|v| v.0.clone())
-            .collect(),
+        inherit_env: config.project.inherit_names(),
         shutdown: shutdown.clone(),
         audit,
     });
@@ -318,13 +303,7 @@ async fn run_once(
         },
         (None, None) => return fail("give --env NAME or --artifact DIR"),
     };
-    let inherited = app
-        .config
-        .project
-        .inherit_env
-        .iter()
-        .filter_map(|k| std::env::var(&k.0).ok().map(|v| (k.0.clone(), v)))
-        .collect();
+    let inherited = crate::config::read_inherited(&app.config.project.inherit_names());
     let cancel = CancellationToken::new();
     let interrupt = cancel.clone();
     tokio::spawn(async move {

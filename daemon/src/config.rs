@@ -83,6 +83,13 @@ pub struct ProjectSettings {
     pub inherit_env: Vec<EnvVarName>,
 }
 
+impl ProjectSettings {
+    /// The names in `[project.inherit_env] vars`.
+    pub fn inherit_names(&self) -> Vec<String> {
+        self.inherit_env.iter().map(|v| v.0.clone()).collect()
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProjectMode {
@@ -446,6 +453,15 @@ validated!(
         }
     }
 );
+
+/// The values, read now from the daemon's environment, of the variables in
+/// `names` that are set.
+pub fn read_inherited(names: &[String]) -> Vec<(String, String)> {
+    names
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v)))
+        .collect()
+}
 
 /// Variables the jail sets; inheriting them would break it.
 pub const RESERVED_VARS: &[&str] = &["PATH", "HOME", "TMPDIR", "PWD", "USER", "LOGNAME"];

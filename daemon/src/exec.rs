@@ -1,29 +1,33 @@
 //! The life of one run: admission (a bounded number at once, a bounded queue),
-//! a prepared sandbox, limits, the code and arguments handed to bubblewrap on
-//! pipes, bounded capture of stdout and stderr, timeout and cancellation,
-//! killing the whole sandbox, and a structured outcome saying what ended it.
+//! a prepared sandbox, bounded capture of stdout and stderr, timeout and
+//! cancellation, killing the whole sandbox, and a structured outcome saying
+//! what ended it.
 //!
-//! Speed: bubblewrap is started ahead of time, already inside its cgroup and
-//! blocked reading its arguments (`--args FD`). A call only sets the limits,
-//! writes the arguments, code and filters, and waits; the fork, the exec and
-//! the cgroup migration (whose RCU synchronisation can take milliseconds) are
-//! off its critical path.
+//! Speed: sandboxes are set up ahead of time. bubblewrap is started, moved
+//! into its cgroup, given its options on a pipe (`--args`), builds the
+//! namespaces and mounts, and waits (`--block-fd`) before starting the
+//! command. A call writes its code into the file already mounted as the code
+//! file and one byte to start the command; the fork, the exec, the cgroup
+//! migration (whose RCU synchronisation can take milliseconds) and the
+//! mounts (one per store path of a Nix closure) are all off its critical path.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::capture::{Capture, Captured};
-use crate::environment::{Environment, Limits};
+use crate::environment::Environment;
 use crate::jail::{self, Call, ProjectMount};
 use crate::limits::{Enforcer, Fired, Lease, Rlimit};
 use crate::platform::Platform;
@@ -139,58 +143,43 @@ struct Inner {
     enforcer: Enforcer,
     seccomp: Mutex<HashMap<Vec<String>, Arc<Programs>>>,
     admission: Admission,
-    /// Sandboxes started ahead of time, waiting for their arguments, by what
-    /// is fixed when bubblewrap starts: the command (bubblewrap takes it only
-    /// on its own command line) and the rlimits (set before exec).
-    ready: Mutex<HashMap<ReadyKey, Ready>>,
+    /// Sandboxes set up ahead of time, each waiting to start its command, by
+    /// everything that was fixed when it was set up.
+    ready: Mutex<HashMap<RecipeKey, Ready>>,
     /// How many prepared sandboxes to keep for each environment in use.
     ready_target: usize,
     /// Hands work to the thread that prepares sandboxes in the background.
-    spawner: Mutex<Option<std::sync::mpsc::Sender<Recipe>>>,
+    spawner: Mutex<Option<std::sync::mpsc::Sender<Arc<Recipe>>>>,
 }
 
-/// What a prepared sandbox is fixed to: its command, and the limits applied
-/// before it runs (rlimits, and the cgroup's memory and process limits).
+/// Everything a prepared sandbox is fixed to: bubblewrap's options (built
+/// with placeholder descriptors and paths, so equal for equal calls), its
+/// command, the seccomp allow-list, the rlimits and the cgroup limits.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ReadyKey {
+struct RecipeKey {
+    options: Vec<u8>,
     command: Vec<String>,
+    seccomp_allow: Vec<String>,
     rlimits: Vec<(u32, u64)>,
     memory_bytes: u64,
     pids: u64,
 }
 
-/// Everything needed to prepare a sandbox for an environment.
-#[derive(Debug, Clone)]
+/// Everything needed to prepare a sandbox for one kind of call.
+#[derive(Debug)]
 struct Recipe {
-    key: ReadyKey,
+    key: RecipeKey,
+    env: Environment,
+    project: Option<ProjectMount>,
+    inherited: Vec<(String, String)>,
     rlimits: Vec<Rlimit>,
-    limits: Limits,
-}
-
-impl Recipe {
-    fn for_env(env: &Environment, enforcer: &Enforcer) -> Recipe {
-        let command = env.command_for(&env.code_path());
-        let rlimits = enforcer.rlimits(&env.limits);
-        Recipe {
-            key: ReadyKey {
-                command,
-                rlimits: rlimits
-                    .iter()
-                    .map(|r| (r.resource as u32, r.value))
-                    .collect(),
-                memory_bytes: env.limits.memory_bytes,
-                pids: env.limits.pids,
-            },
-            rlimits,
-            limits: env.limits,
-        }
-    }
+    programs: Arc<Programs>,
 }
 
 #[derive(Debug, Default)]
 struct Ready {
     sandboxes: Vec<Prepared>,
-    /// Being started right now.
+    /// Being prepared right now.
     starting: usize,
 }
 
@@ -198,6 +187,8 @@ struct Ready {
 /// (nothing should hold it: the pid namespace is gone).
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 const READ_CHUNK: usize = 64 * 1024;
+/// Code larger than this is written to its file off the runtime's threads.
+const LARGE_CODE: usize = 1 << 20;
 
 impl Executor {
     /// `prestart` sandboxes are kept ready per environment (0 for one-shot
@@ -237,7 +228,7 @@ impl Executor {
     /// thread: bubblewrap's parent-death signal follows the thread that forked
     /// it, and the cgroup migration it waits for must not block a runtime worker.
     fn start_spawner(&self, handle: tokio::runtime::Handle) {
-        let (tx, rx) = std::sync::mpsc::channel::<Recipe>();
+        let (tx, rx) = std::sync::mpsc::channel::<Arc<Recipe>>();
         let weak = Arc::downgrade(&self.inner);
         let started = std::thread::Builder::new()
             .name("sandbox-spawner".into())
@@ -245,11 +236,9 @@ impl Executor {
                 let _runtime = handle.enter();
                 for recipe in rx {
                     let Some(inner) = weak.upgrade() else { break };
-                    let prepared = inner
-                        .prepare(&recipe)
-                        .and_then(|p| p.adopted(&recipe.limits));
+                    let prepared = inner.spawn(&recipe).and_then(|s| s.set_up(&recipe));
                     let mut ready = inner.ready.lock().unwrap();
-                    let r = ready.entry(recipe.key).or_default();
+                    let r = ready.entry(recipe.key.clone()).or_default();
                     r.starting -= 1;
                     match prepared {
                         Ok(p) => r.sandboxes.push(p),
@@ -265,11 +254,17 @@ impl Executor {
         }
     }
 
-    /// Keeps sandboxes ready for runs in these environments.
-    pub fn keep_ready_for<'a>(&self, envs: impl IntoIterator<Item = &'a Environment>) {
-        for env in envs {
-            self.refill(&Recipe::for_env(env, &self.inner.enforcer));
-        }
+    /// Keeps sandboxes ready for calls in `env` with this project and these
+    /// inherited variables (the daemon's environment does not change).
+    pub fn keep_ready_for(
+        &self,
+        env: &Environment,
+        project: Option<&ProjectMount>,
+        inherited: &[(String, String)],
+    ) -> Result<(), ExecError> {
+        let recipe = self.recipe(env, project, inherited)?;
+        self.refill(&Arc::new(recipe));
+        Ok(())
     }
 
     pub fn platform(&self) -> &Platform {
@@ -291,6 +286,45 @@ impl Executor {
         Ok(p)
     }
 
+    fn recipe(
+        &self,
+        env: &Environment,
+        project: Option<&ProjectMount>,
+        inherited: &[(String, String)],
+    ) -> Result<Recipe, ExecError> {
+        let programs = self
+            .seccomp_for(env)
+            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+        let rlimits = self.inner.enforcer.rlimits(&env.limits);
+        let template = Call {
+            env,
+            project,
+            code_file: Some(Path::new("/code")),
+            block_fd: Some(0),
+            seccomp_fds: vec![0, 0],
+            status_fd: Some(0),
+            inherited,
+        };
+        Ok(Recipe {
+            key: RecipeKey {
+                options: nul_separated(jail::bwrap_options(&self.inner.platform.layout, &template)),
+                command: env.command_for(&env.code_path()),
+                seccomp_allow: env.seccomp_allow.clone(),
+                rlimits: rlimits
+                    .iter()
+                    .map(|r| (r.resource as u32, r.value))
+                    .collect(),
+                memory_bytes: env.limits.memory_bytes,
+                pids: env.limits.pids,
+            },
+            env: env.clone(),
+            project: project.cloned(),
+            inherited: inherited.to_vec(),
+            rlimits,
+            programs,
+        })
+    }
+
     /// Runs one call to completion (or timeout, limit, cancellation).
     pub async fn run(&self, req: Request<'_>) -> Result<Outcome, ExecError> {
         let limits = req.env.limits;
@@ -300,35 +334,32 @@ impl Executor {
                 limit: limits.file_size_bytes,
             });
         }
-        let programs = self
-            .seccomp_for(req.env)
-            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+        let recipe = Arc::new(self.recipe(req.env, req.project, &req.inherited)?);
         let _slot = self.admit(&req.cancel).await?;
         let start = Instant::now();
 
-        let recipe = Recipe::for_env(req.env, &self.inner.enforcer);
         let Prepared {
             mut child,
             lease,
-            fds,
-            input,
+            code,
+            block,
             status,
         } = self.take_prepared(&recipe).await?;
         self.refill(&recipe);
-
-        let layout = &self.inner.platform.layout;
-        let call = Call {
-            env: req.env,
-            project: req.project,
-            code_fd: Some(fds.code),
-            seccomp_fds: fds.seccomp.to_vec(),
-            status_fd: Some(fds.status),
-            inherited: &req.inherited,
+        let io = |e: std::io::Error| ExecError::Spawn(format!("code file: {e}"));
+        let code = if req.code.len() > LARGE_CODE {
+            let bytes = req.code.to_vec();
+            tokio::task::spawn_blocking(move || write_code(code, &bytes))
+                .await
+                .map_err(|e| ExecError::Spawn(e.to_string()))?
+                .map_err(io)?
+        } else {
+            write_code(code, req.code).map_err(io)?
         };
-        let args = nul_separated(jail::bwrap_options(layout, &call));
-        let feed = input
-            .feed(args, req.code.to_vec(), &programs)
-            .map_err(|e| ExecError::Spawn(format!("pipes: {e}")))?;
+        // Start the command. A failure means bubblewrap is gone, which the
+        // status below explains.
+        let _ = rustix::io::write(&block, b"x");
+        drop(block);
 
         let total = Arc::new(AtomicU64::new(0));
         let over = Arc::new(Notify::new());
@@ -368,13 +399,13 @@ impl Executor {
             None => status_code,
             Some(_) => kill_sandbox(&mut child, &mut status, &lease).await,
         };
-        feed.abort();
         let stdout = drain(out_task).await;
         let stderr = drain(err_task).await;
         let duration = start.elapsed();
         let fired = lease.finish();
+        drop(code);
 
-        if end.is_none() && layout.json_status_fd && !status.program_exited() {
+        if end.is_none() && self.inner.platform.layout.json_status_fd && !status.program_exited() {
             let message = stderr.text.trim();
             return Err(ExecError::Setup(if message.is_empty() {
                 format!("bubblewrap exited with {status_code:?}")
@@ -403,34 +434,36 @@ impl Executor {
         Ok(outcome)
     }
 
-    /// A prepared sandbox from the pool, or one started now when none is ready.
-    async fn take_prepared(&self, recipe: &Recipe) -> Result<Prepared, ExecError> {
-        let key = &recipe.key;
+    /// A prepared sandbox from the pool, or one prepared now when none is ready.
+    async fn take_prepared(&self, recipe: &Arc<Recipe>) -> Result<Prepared, ExecError> {
         loop {
             let ready = self
                 .inner
                 .ready
                 .lock()
                 .unwrap()
-                .get_mut(key)
+                .get_mut(&recipe.key)
                 .and_then(|r| r.sandboxes.pop());
             let Some(mut p) = ready else { break };
-            // A sandbox that died while waiting (killed from outside) is skipped.
+            // A sandbox that died while waiting (killed from outside, or its
+            // set-up failed) is skipped.
             if matches!(p.child.try_wait(), Ok(None)) {
                 return Ok(p);
             }
         }
-        let spawn_error = |e: std::io::Error| ExecError::Spawn(e.to_string());
-        let prepared = self.inner.prepare(recipe).map_err(spawn_error)?;
-        let limits = recipe.limits;
-        tokio::task::spawn_blocking(move || prepared.adopted(&limits))
+        let spawned = self
+            .inner
+            .spawn(recipe)
+            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+        let recipe = recipe.clone();
+        tokio::task::spawn_blocking(move || spawned.set_up(&recipe))
             .await
             .map_err(|e| ExecError::Spawn(e.to_string()))?
-            .map_err(spawn_error)
+            .map_err(|e| ExecError::Spawn(e.to_string()))
     }
 
     /// Tops up, in the background, the prepared sandboxes for `recipe`.
-    fn refill(&self, recipe: &Recipe) {
+    fn refill(&self, recipe: &Arc<Recipe>) {
         let target = self.inner.ready_target;
         let Some(spawner) = self.inner.spawner.lock().unwrap().clone() else {
             return;
@@ -491,83 +524,83 @@ impl Executor {
     }
 }
 
-/// Descriptor numbers inside the prepared bubblewrap.
-#[derive(Debug, Clone, Copy)]
-struct ChildFds {
-    code: RawFd,
-    seccomp: [RawFd; 2],
-    status: RawFd,
+/// Writes a run's code into its (empty) file and hands the file back.
+fn write_code(
+    mut file: tempfile::NamedTempFile,
+    code: &[u8],
+) -> std::io::Result<tempfile::NamedTempFile> {
+    file.as_file_mut().write_all(code)?;
+    Ok(file)
 }
 
-/// A bubblewrap started ahead of time, in its cgroup, blocked reading its
-/// arguments from a pipe.
+/// A sandbox set up ahead of time: bubblewrap has built its namespaces and
+/// mounts and waits on `block` before starting the command.
 #[derive(Debug)]
 struct Prepared {
     child: tokio::process::Child,
     lease: Lease,
-    fds: ChildFds,
-    input: Input,
+    /// The file mounted as the code file; the call writes the code into it.
+    code: tempfile::NamedTempFile,
+    /// Write end of bubblewrap's `--block-fd`: a byte starts the command.
+    block: OwnedFd,
     /// Read end of bubblewrap's JSON status.
     status: OwnedFd,
 }
 
-impl Prepared {
-    /// Moves the waiting bubblewrap into its cgroup and sets the group's
-    /// limits (blocking; see [`Lease::adopt`]). It has started nothing yet, so
-    /// everything it will start is inside.
-    fn adopted(mut self, limits: &Limits) -> std::io::Result<Prepared> {
-        let pid = self
-            .child
-            .id()
-            .ok_or_else(|| std::io::Error::other("the sandbox exited before it was used"))?;
-        self.lease.apply(limits)?;
-        self.lease.adopt(pid)?;
-        Ok(self)
-    }
-}
-
-/// Write ends of the pipes bubblewrap reads: arguments, code, seccomp programs.
-#[derive(Debug)]
-struct Input {
-    args: OwnedFd,
-    code: OwnedFd,
+/// A bubblewrap just started, blocked reading its options, not yet in its
+/// cgroup.
+struct Spawned {
+    child: tokio::process::Child,
+    lease: Lease,
+    code: tempfile::NamedTempFile,
+    block: OwnedFd,
+    status: OwnedFd,
+    /// Write ends: the options, the two seccomp programs.
+    options: OwnedFd,
     seccomp: [OwnedFd; 2],
+    options_data: Vec<u8>,
 }
 
 impl Inner {
-    /// Starts a bubblewrap for `command` with `rlimits` that waits for its
-    /// options (`--args`) on a pipe, with a cgroup reserved for it (see
-    /// [`Prepared::adopted`]). Must run inside the tokio runtime.
-    fn prepare(&self, recipe: &Recipe) -> std::io::Result<Prepared> {
-        let rlimits = recipe.rlimits.clone();
+    /// Starts bubblewrap for `recipe` with its rlimits and its descriptors;
+    /// it waits for its options on a pipe. Fast (one fork and exec); must run
+    /// inside the tokio runtime, on a thread that outlives the sandbox.
+    fn spawn(&self, recipe: &Recipe) -> std::io::Result<Spawned> {
         let lease = self.enforcer.reserve()?;
         let pipe = || {
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from)
         };
-        let (args_r, args_w) = pipe()?;
-        let (code_r, code_w) = pipe()?;
+        let (options_r, options_w) = pipe()?;
         let (sc0_r, sc0_w) = pipe()?;
         let (sc1_r, sc1_w) = pipe()?;
         let (status_r, status_w) = pipe()?;
+        let (block_r, block_w) = pipe()?;
         rustix::fs::fcntl_setfl(&status_r, rustix::fs::OFlags::NONBLOCK)?;
-        let fds = ChildFds {
-            code: code_r.as_raw_fd(),
-            seccomp: [sc0_r.as_raw_fd(), sc1_r.as_raw_fd()],
-            status: status_w.as_raw_fd(),
+        let code = self.platform.code_file()?;
+        let call = Call {
+            env: &recipe.env,
+            project: recipe.project.as_ref(),
+            code_file: Some(code.path()),
+            block_fd: Some(block_r.as_raw_fd()),
+            seccomp_fds: vec![sc0_r.as_raw_fd(), sc1_r.as_raw_fd()],
+            status_fd: Some(status_w.as_raw_fd()),
+            inherited: &recipe.inherited,
         };
-        let args_fd = args_r.as_raw_fd();
+        let options_data = nul_separated(jail::bwrap_options(&self.platform.layout, &call));
+        let options_fd = options_r.as_raw_fd();
         let plan = ChildPlan {
-            hard: rlimits
+            hard: recipe
+                .rlimits
                 .iter()
                 .map(|r| rustix::process::getrlimit(r.resource).maximum)
                 .collect(),
-            rlimits,
-            inherit: Arc::new(vec![args_r, code_r, sc0_r, sc1_r, status_w]),
+            rlimits: recipe.rlimits.clone(),
+            inherit: Arc::new(vec![options_r, sc0_r, sc1_r, status_w, block_r]),
             run_as: self.platform.run_as,
         };
         let mut cmd = tokio::process::Command::new(&self.platform.bwrap);
         cmd.arg("--args")
-            .arg(args_fd.to_string())
+            .arg(options_fd.to_string())
             .arg("--")
             .args(&recipe.key.command)
             .env_clear()
@@ -583,44 +616,43 @@ impl Inner {
             cmd.pre_exec(move || plan.apply());
         }
         let child = cmd.spawn()?;
-        Ok(Prepared {
+        Ok(Spawned {
             child,
             lease,
-            fds,
-            input: Input {
-                args: args_w,
-                code: code_w,
-                seccomp: [sc0_w, sc1_w],
-            },
+            code,
+            block: block_w,
             status: status_r,
+            options: options_w,
+            seccomp: [sc0_w, sc1_w],
+            options_data,
         })
     }
 }
 
-impl Input {
-    /// Writes the arguments, the seccomp programs and the code, in the order
-    /// bubblewrap reads them, in the background (they may exceed a pipe's
-    /// buffer). Each pipe closes when written, so bubblewrap sees its end.
-    fn feed(
-        self,
-        args: Vec<u8>,
-        code: Vec<u8>,
-        programs: &Programs,
-    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-        use tokio::net::unix::pipe::Sender;
-        let mut args_tx = Sender::from_owned_fd(self.args)?;
-        let mut code_tx = Sender::from_owned_fd(self.code)?;
-        let [s0, s1] = self.seccomp;
-        let seccomp_tx = [Sender::from_owned_fd(s0)?, Sender::from_owned_fd(s1)?];
-        let programs = programs.0.clone();
-        Ok(tokio::spawn(async move {
-            let _ = args_tx.write_all(&args).await;
-            drop(args_tx);
-            for (mut tx, program) in seccomp_tx.into_iter().zip(programs) {
-                let _ = tx.write_all(&program).await;
-            }
-            let _ = code_tx.write_all(&code).await;
-        }))
+impl Spawned {
+    /// Moves the waiting bubblewrap into its cgroup with the run's limits,
+    /// then hands it its options and seccomp programs, so that it sets the
+    /// sandbox up and waits to start the command. Blocking (the cgroup
+    /// migration waits for the kernel; see [`Lease::adopt`]).
+    fn set_up(mut self, recipe: &Recipe) -> std::io::Result<Prepared> {
+        let pid = self
+            .child
+            .id()
+            .ok_or_else(|| std::io::Error::other("bubblewrap exited at once"))?;
+        self.lease.apply(&recipe.env.limits)?;
+        self.lease.adopt(pid)?;
+        // A write fails only when bubblewrap has exited; the run reports why.
+        let _ = std::fs::File::from(self.options).write_all(&self.options_data);
+        for (fd, program) in self.seccomp.into_iter().zip(&recipe.programs.0) {
+            let _ = std::fs::File::from(fd).write_all(program);
+        }
+        Ok(Prepared {
+            child: self.child,
+            lease: self.lease,
+            code: self.code,
+            block: self.block,
+            status: self.status,
+        })
     }
 }
 

@@ -24,12 +24,13 @@ pub struct HostLayout {
     pub system_dirs: Vec<PathBuf>,
     /// `(target, link)` for top-level directories that are symlinks (merged /usr).
     pub system_links: Vec<(PathBuf, PathBuf)>,
+    /// Host `/etc` entries every host-mode sandbox needs (loader cache, alternatives).
+    pub etc_host: Vec<PathBuf>,
 
     /// Host `/etc` entries only networked sandboxes need (resolver, certificates).
     pub etc_network: Vec<PathBuf>,
-    /// A directory prepared at start-up that becomes `/etc`: passwd, group,
-    /// hosts, copies of the host's loader cache, alternatives and time zone,
-    /// and empty mount points for the network entries.
+    /// A directory prepared at start-up that becomes `/etc`: passwd, group, hosts
+    /// and empty mount points for the host entries above.
     pub etc_dir: PathBuf,
     /// bubblewrap understands `--disable-userns` (0.8 and later).
     pub disable_userns: bool,
@@ -52,9 +53,13 @@ pub struct ProjectMount {
 pub struct Call<'a> {
     pub env: &'a Environment,
     pub project: Option<&'a ProjectMount>,
-    /// File descriptor bubblewrap copies the code from; `None` when the
-    /// command needs no code file (sessions, probes).
-    pub code_fd: Option<RawFd>,
+    /// Host file holding the code, mounted read-only at the environment's
+    /// code path; `None` when the command needs no code file (sessions). The
+    /// daemon writes the code into it when the call arrives.
+    pub code_file: Option<&'a Path>,
+    /// bubblewrap waits on this descriptor, with the sandbox fully set up,
+    /// before it starts the command.
+    pub block_fd: Option<RawFd>,
     /// File descriptors holding the compiled seccomp programs, in load order.
     pub seccomp_fds: Vec<RawFd>,
     /// Where bubblewrap writes its JSON status (to tell its own failures from the program's).
@@ -134,6 +139,11 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         }
     }
     a.bind_ro(&layout.etc_dir, Path::new("/etc"));
+    if matches!(env.root, RootFs::Host { .. }) {
+        for f in &layout.etc_host {
+            a.bind_ro(f, f);
+        }
+    }
     if env.network {
         for f in &layout.etc_network {
             a.bind_ro(f, f);
@@ -161,9 +171,8 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         );
     }
 
-    if let Some(fd) = call.code_fd {
-        a.pair("--perms", "0644");
-        a.triple("--file", &fd.to_string(), &env.code_path());
+    if let Some(file) = call.code_file {
+        a.bind_ro(file, Path::new(&env.code_path()));
     }
     if layout.add_seccomp_fd {
         for fd in &call.seccomp_fds {
@@ -175,6 +184,9 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     }
     if let (true, Some(fd)) = (layout.json_status_fd, call.status_fd) {
         a.pair("--json-status-fd", &fd.to_string());
+    }
+    if let Some(fd) = call.block_fd {
+        a.pair("--block-fd", &fd.to_string());
     }
     a.pair("--chdir", WORKSPACE);
     a.0
@@ -218,6 +230,7 @@ mod tests {
         HostLayout {
             system_dirs: vec!["/usr".into()],
             system_links: vec![("usr/bin".into(), "/bin".into())],
+            etc_host: vec!["/etc/ld.so.cache".into()],
 
             etc_network: vec!["/etc/resolv.conf".into()],
             etc_dir: "/run/nsm/etc".into(),
@@ -256,7 +269,8 @@ mod tests {
         let call = Call {
             env,
             project,
-            code_fd: Some(7),
+            code_file: Some(Path::new("/run/nsm/code/1")),
+            block_fd: Some(11),
             seccomp_fds: vec![8, 9],
             status_fd: Some(10),
             inherited,
@@ -370,9 +384,15 @@ mod tests {
     }
 
     #[test]
-    fn code_is_a_file_from_a_descriptor_not_an_argument() {
+    fn code_is_a_file_not_an_argument() {
         let a = argv(&env(), None, &[]);
-        assert!(has(&a, &["--file", "7", "/workspace/.main.py"]));
+        assert!(has(
+            &a,
+            &["--ro-bind", "/run/nsm/code/1", "/workspace/.main.py"]
+        ));
+        // after the tmpfs it lives in
+        assert!(pos(&a, &["--ro-bind", "/run/nsm/code/1"]) > pos(&a, &["--tmpfs", "/workspace"]));
+        assert!(has(&a, &["--block-fd", "11"]));
         assert!(has(&a, &["--add-seccomp-fd", "8", "--add-seccomp-fd", "9"]));
         assert!(has(&a, &["--json-status-fd", "10"]));
         // The command follows on bubblewrap's own command line, with the path only.
@@ -389,6 +409,10 @@ mod tests {
         assert!(has(&a, &["--ro-bind", "/usr", "/usr"]));
         assert!(has(&a, &["--symlink", "usr/bin", "/bin"]));
         assert!(has(&a, &["--ro-bind", "/run/nsm/etc", "/etc"]));
+        // host /etc files go on top of the prepared /etc
+        assert!(
+            pos(&a, &["--ro-bind", "/etc/ld.so.cache"]) > pos(&a, &["--ro-bind", "/run/nsm/etc"])
+        );
 
         assert!(!a.iter().any(|x| x == "/home" || x == "/root"));
     }
@@ -420,6 +444,6 @@ mod tests {
             &a,
             &["--symlink", "/nix/store/ccc-bash/bin/bash", "/bin/sh"]
         ));
-        assert!(!a.iter().any(|x| x == "/usr"));
+        assert!(!a.iter().any(|x| x == "/usr" || x == "/etc/ld.so.cache"));
     }
 }

@@ -22,8 +22,10 @@ pub struct Platform {
     pub layout: HostLayout,
     /// `(uid, gid)` to switch to before starting bubblewrap, when running as root.
     pub run_as: Option<(u32, u32)>,
-    /// The copied host `/etc` entries and the modification time of each when copied.
-    etc_copied: std::sync::Mutex<Vec<(PathBuf, Option<std::time::SystemTime>)>>,
+    /// Where the code of each run is written (mode 0700, owned by the uid
+    /// bubblewrap runs as): the file is bound into the sandbox read-only.
+    code_dir: PathBuf,
+
     _runtime_dir: tempfile::TempDir,
 }
 
@@ -82,37 +84,44 @@ impl Platform {
         let run_as = rustix::process::geteuid()
             .is_root()
             .then_some((UNPRIVILEGED_ID, UNPRIVILEGED_ID));
-        let etc_copied = ETC_COPIED
-            .iter()
-            .map(|p| (PathBuf::from(p), modified(Path::new(p))))
-            .collect();
+        let code_dir = runtime_dir.path().join("code");
+        fs::create_dir(&code_dir).map_err(PlatformError::RuntimeDir)?;
+        fs::set_permissions(&code_dir, fs::Permissions::from_mode(0o700))
+            .map_err(PlatformError::RuntimeDir)?;
+        if let Some((uid, gid)) = run_as {
+            let owner = (
+                rustix::process::Uid::from_raw(uid),
+                rustix::process::Gid::from_raw(gid),
+            );
+            rustix::fs::chown(&code_dir, Some(owner.0), Some(owner.1))
+                .map_err(|e| PlatformError::RuntimeDir(e.into()))?;
+        }
         Ok(Platform {
             bwrap,
             bwrap_version,
             layout,
             run_as,
-            etc_copied: std::sync::Mutex::new(etc_copied),
+            code_dir,
+
             _runtime_dir: runtime_dir,
         })
     }
 
-    /// Re-copies the host `/etc` entries that changed since they were copied
-    /// (a package installed while the server runs). Blocking file I/O.
-    pub fn refresh_etc(&self) {
-        let mut copied = self.etc_copied.lock().unwrap_or_else(|p| p.into_inner());
-        for (src, when) in copied.iter_mut() {
-            let now = modified(src);
-            if now == *when {
-                continue;
-            }
-            match copy_entry(src, &self.layout.etc_dir) {
-                Ok(()) => *when = now,
-                Err(e) => tracing::warn!(
-                    "cannot refresh the sandbox's copy of {}: {e}",
-                    src.display()
-                ),
-            }
+    /// A new, empty file for one run's code, readable by the sandbox only;
+    /// removed when the returned value is dropped.
+    pub fn code_file(&self) -> std::io::Result<tempfile::NamedTempFile> {
+        let file = tempfile::Builder::new()
+            .prefix("code-")
+            .permissions(fs::Permissions::from_mode(0o600))
+            .tempfile_in(&self.code_dir)?;
+        if let Some((uid, gid)) = self.run_as {
+            rustix::fs::fchown(
+                file.as_file(),
+                Some(rustix::process::Uid::from_raw(uid)),
+                Some(rustix::process::Gid::from_raw(gid)),
+            )?;
         }
+        Ok(file)
     }
 
     /// The host uid whose processes count against the sandbox's process limit.
@@ -126,9 +135,9 @@ impl Platform {
 const SYSTEM_TOP_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
 ];
-/// Host `/etc` entries copied into the sandbox's `/etc` (one bind instead of
-/// three; each bind costs about 0.15 ms per run) and refreshed while running.
-const ETC_COPIED: &[&str] = &["/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"];
+/// Host `/etc` entries every host-mode program needs: the loader cache, the
+/// alternatives links, the time zone. Bound, so they stay current.
+const ETC_HOST: &[&str] = &["/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"];
 const ETC_NETWORK: &[&str] = &[
     "/etc/resolv.conf",
     "/etc/nsswitch.conf",
@@ -156,17 +165,19 @@ pub fn probe_layout() -> HostLayout {
             _ => {}
         }
     }
-    layout.etc_network = ETC_NETWORK
-        .iter()
-        .map(PathBuf::from)
-        .filter(|p| p.exists())
-        .collect();
+    let existing = |list: &[&str]| {
+        list.iter()
+            .map(PathBuf::from)
+            .filter(|p| p.exists())
+            .collect()
+    };
+    layout.etc_host = existing(ETC_HOST);
+    layout.etc_network = existing(ETC_NETWORK);
     layout
 }
 
-/// Writes the sandbox's `/etc`: its own passwd, group and hosts, copies of
-/// the host entries every host-mode program needs, and empty mount points for
-/// the network entries bound on top.
+/// Writes the sandbox's `/etc`: its own passwd, group and hosts, and empty
+/// mount points for the host entries bound on top.
 fn prepare_etc(runtime: &Path, layout: &HostLayout) -> std::io::Result<PathBuf> {
     fs::set_permissions(runtime, fs::Permissions::from_mode(0o755))?;
     let etc = runtime.join("etc");
@@ -194,7 +205,7 @@ fn prepare_etc(runtime: &Path, layout: &HostLayout) -> std::io::Result<PathBuf> 
     for (name, text) in files {
         fs::write(etc.join(name), text)?;
     }
-    for host in &layout.etc_network {
+    for host in layout.etc_host.iter().chain(&layout.etc_network) {
         let Some(name) = host.file_name() else {
             continue;
         };
@@ -214,59 +225,7 @@ fn prepare_etc(runtime: &Path, layout: &HostLayout) -> std::io::Result<PathBuf> 
         fs::set_permissions(entry.path(), fs::Permissions::from_mode(mode))?;
     }
     fs::set_permissions(&etc, fs::Permissions::from_mode(0o755))?;
-    for src in ETC_COPIED {
-        copy_entry(Path::new(src), &etc)?;
-    }
     Ok(etc)
-}
-
-fn modified(p: &Path) -> Option<std::time::SystemTime> {
-    fs::symlink_metadata(p).and_then(|m| m.modified()).ok()
-}
-
-/// Copies one host `/etc` entry into `dir`, replacing the previous copy
-/// atomically: a file or symlink as such, a directory with its files and
-/// symlinks (not subdirectories). A missing source is skipped.
-fn copy_entry(src: &Path, dir: &Path) -> std::io::Result<()> {
-    let (Some(name), Ok(meta)) = (src.file_name(), fs::symlink_metadata(src)) else {
-        return Ok(());
-    };
-    let dest = dir.join(name);
-    let fresh = dir.join(format!(".{}.new", name.to_string_lossy()));
-    let _ = fs::remove_dir_all(&fresh).or_else(|_| fs::remove_file(&fresh));
-    if meta.is_dir() {
-        fs::create_dir(&fresh)?;
-        for entry in fs::read_dir(src)? {
-            let entry = entry?;
-            let kind = entry.file_type()?;
-            let to = fresh.join(entry.file_name());
-            if kind.is_symlink() {
-                std::os::unix::fs::symlink(fs::read_link(entry.path())?, &to)?;
-            } else if kind.is_file() {
-                fs::copy(entry.path(), &to)?;
-            }
-        }
-        fs::set_permissions(&fresh, fs::Permissions::from_mode(0o755))?;
-    } else if meta.file_type().is_symlink() {
-        std::os::unix::fs::symlink(fs::read_link(src)?, &fresh)?;
-    } else {
-        fs::copy(src, &fresh)?;
-        fs::set_permissions(&fresh, fs::Permissions::from_mode(0o644))?;
-    }
-    if dest.symlink_metadata().is_ok() {
-        // Swap, so a sandbox starting meanwhile sees the old or the new copy, never none.
-        rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &fresh,
-            rustix::fs::CWD,
-            &dest,
-            rustix::fs::RenameFlags::EXCHANGE,
-        )?;
-        fs::remove_dir_all(&fresh).or_else(|_| fs::remove_file(&fresh))?;
-    } else {
-        fs::rename(&fresh, &dest)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -274,9 +233,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prepared_etc_has_identity_copies_and_mount_points() {
+    fn prepared_etc_has_identity_and_mount_points() {
         let dir = tempfile::tempdir().unwrap();
         let layout = HostLayout {
+            etc_host: vec!["/etc/ld.so.cache".into()],
             etc_network: vec!["/etc/ssl".into()],
             ..Default::default()
         };
@@ -284,44 +244,10 @@ mod tests {
         let passwd = fs::read_to_string(etc.join("passwd")).unwrap();
         assert!(passwd.contains("sandbox:x:1000:1000:sandbox:/workspace:"));
         assert!(etc.join("hosts").is_file());
-        if Path::new("/etc/ld.so.cache").is_file() {
-            assert_eq!(
-                fs::read(etc.join("ld.so.cache")).unwrap(),
-                fs::read("/etc/ld.so.cache").unwrap()
-            );
-        }
+        assert!(etc.join("ld.so.cache").is_file());
         if Path::new("/etc/ssl").is_dir() {
             assert!(etc.join("ssl").is_dir());
         }
-    }
-
-    #[test]
-    fn copies_are_replaced_whole() {
-        let src = tempfile::tempdir().unwrap();
-        let alt = src.path().join("alternatives");
-        fs::create_dir(&alt).unwrap();
-        std::os::unix::fs::symlink("/usr/bin/mawk", alt.join("awk")).unwrap();
-        std::os::unix::fs::symlink("/usr/bin/vim", alt.join("editor")).unwrap();
-        let dest = tempfile::tempdir().unwrap();
-        copy_entry(&alt, dest.path()).unwrap();
-        assert_eq!(
-            fs::read_link(dest.path().join("alternatives/awk")).unwrap(),
-            Path::new("/usr/bin/mawk")
-        );
-        fs::remove_file(alt.join("editor")).unwrap();
-        fs::remove_file(alt.join("awk")).unwrap();
-        std::os::unix::fs::symlink("/usr/bin/gawk", alt.join("awk")).unwrap();
-        copy_entry(&alt, dest.path()).unwrap();
-        assert_eq!(
-            fs::read_link(dest.path().join("alternatives/awk")).unwrap(),
-            Path::new("/usr/bin/gawk")
-        );
-        assert!(!dest.path().join("alternatives/editor").exists());
-        assert_eq!(
-            fs::read_dir(dest.path()).unwrap().count(),
-            1,
-            "no leftovers"
-        );
     }
 
     #[test]
@@ -330,11 +256,7 @@ mod tests {
         if Path::new("/usr").is_dir() {
             assert!(l.system_dirs.contains(&PathBuf::from("/usr")));
         }
-        for p in ETC_COPIED
-            .iter()
-            .map(Path::new)
-            .chain(l.etc_network.iter().map(PathBuf::as_path))
-        {
+        for p in l.etc_host.iter().chain(&l.etc_network) {
             assert!(
                 !p.ends_with("shadow") && !p.ends_with("sudoers") && !p.starts_with("/etc/ssh"),
                 "{}",

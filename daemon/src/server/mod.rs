@@ -56,6 +56,15 @@ impl SandboxServer {
             .max()
             .unwrap_or(16 * 1024);
         let tool = tool::run_tool(&envs, shared.project.as_ref(), output_bytes);
+        let inherited = crate::config::read_inherited(&shared.inherit_env);
+        for env in &envs {
+            if let Err(e) = shared
+                .executor
+                .keep_ready_for(env, shared.project.as_ref(), &inherited)
+            {
+                tracing::warn!("sandboxes for {} start on demand: {e}", env.name);
+            }
+        }
         let instructions = tool::instructions(&envs);
         SandboxServer {
             shared: Arc::new(shared),
@@ -106,12 +115,7 @@ impl SandboxServer {
                 format!("Set `env` to one of: {}.", self.env_list()),
             )
         })?;
-        let inherited = self
-            .shared
-            .inherit_env
-            .iter()
-            .filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v)))
-            .collect();
+        let inherited = crate::config::read_inherited(&self.shared.inherit_env);
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
         let outcome = self
             .shared

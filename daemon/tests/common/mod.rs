@@ -86,14 +86,9 @@ pub async fn run_with(env: &Environment, code: &str, cancel: CancellationToken) 
             env,
             code: code.as_bytes(),
             project: f.app.project.as_ref(),
-            inherited: f
-                .app
-                .config
-                .project
-                .inherit_env
-                .iter()
-                .filter_map(|k| std::env::var(&k.0).ok().map(|v| (k.0.clone(), v)))
-                .collect(),
+            inherited: nix_sandbox_mcp::config::read_inherited(
+                &f.app.config.project.inherit_names(),
+            ),
             cancel,
             observer: None,
         })
