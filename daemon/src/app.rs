@@ -137,7 +137,7 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
         .max_queued_runs
         .map(|q| q as usize)
         .unwrap_or(32);
-        if prestart {
+    if prestart {
         enforcer.warm(max_running);
     }
     Ok(Executor::new(

@@ -181,6 +181,9 @@ struct Ready {
     sandboxes: Vec<Prepared>,
     /// Being prepared right now.
     starting: usize,
+    /// Registered with [`Executor::keep_ready_for`]: topped up after each
+    /// use. Other calls (start-up probes, the CLI) are prepared on demand.
+    kept: bool,
 }
 
 /// Stops reading after a stream stays open this long past the program's end
@@ -262,8 +265,15 @@ impl Executor {
         project: Option<&ProjectMount>,
         inherited: &[(String, String)],
     ) -> Result<(), ExecError> {
-        let recipe = self.recipe(env, project, inherited)?;
-        self.refill(&Arc::new(recipe));
+        let recipe = Arc::new(self.recipe(env, project, inherited)?);
+        self.inner
+            .ready
+            .lock()
+            .unwrap()
+            .entry(recipe.key.clone())
+            .or_default()
+            .kept = true;
+        self.refill(&recipe);
         Ok(())
     }
 
@@ -462,14 +472,17 @@ impl Executor {
             .map_err(|e| ExecError::Spawn(e.to_string()))
     }
 
-    /// Tops up, in the background, the prepared sandboxes for `recipe`.
+    /// Tops up, in the background, the prepared sandboxes for `recipe` if it
+    /// is kept ready.
     fn refill(&self, recipe: &Arc<Recipe>) {
         let target = self.inner.ready_target;
         let Some(spawner) = self.inner.spawner.lock().unwrap().clone() else {
             return;
         };
         let mut ready = self.inner.ready.lock().unwrap();
-        let r = ready.entry(recipe.key.clone()).or_default();
+        let Some(r) = ready.get_mut(&recipe.key).filter(|r| r.kept) else {
+            return;
+        };
         while r.sandboxes.len() + r.starting < target {
             if spawner.send(recipe.clone()).is_err() {
                 break;
@@ -493,8 +506,7 @@ impl Executor {
             .flat_map(|r| r.sandboxes)
             .collect();
         for mut p in ready {
-            let _ = p.child.start_kill();
-            let _ = p.child.wait().await;
+            kill_sandbox(&mut p.child, &mut Status::new(p.status), &p.lease).await;
         }
         self.inner.enforcer.cleanup();
     }

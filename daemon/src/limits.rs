@@ -547,8 +547,16 @@ fn host_path(mount: &Mount, cgroup: &str) -> PathBuf {
     mount.point.join(rel.trim_start_matches('/'))
 }
 
+/// `nix-sandbox-mcp-<pid>-<n>`: the pid tells whether the owner is alive,
+/// `n` keeps several enforcers of one process apart.
 fn container_name() -> String {
-    format!("{CONTAINER_PREFIX}{}", std::process::id())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{CONTAINER_PREFIX}{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Removes containers left behind by daemons that died without cleaning up.
@@ -560,7 +568,7 @@ fn remove_stale_containers(parent: &Path) {
         let name = e.file_name().to_string_lossy().to_string();
         let Some(pid) = name
             .strip_prefix(CONTAINER_PREFIX)
-            .and_then(|p| p.parse::<u32>().ok())
+            .and_then(|p| p.split('-').next()?.parse::<u32>().ok())
         else {
             continue;
         };
@@ -639,6 +647,7 @@ fn detect_v2() -> Result<Hierarchy, String> {
 
 fn detect_v1() -> Result<Hierarchy, String> {
     let all = mounts();
+    let name = container_name();
     let mut dirs = Vec::new();
     for controller in ["memory", "pids"] {
         let mount = all
@@ -649,7 +658,7 @@ fn detect_v1() -> Result<Hierarchy, String> {
             own_cgroup(controller).ok_or_else(|| format!("cgroup v1: no {controller} cgroup"))?;
         let base = host_path(mount, &own);
         remove_stale_containers(&base);
-        let container = base.join(container_name());
+        let container = base.join(&name);
         fs::create_dir_all(&container)
             .map_err(|e| format!("cgroup v1: cannot create {}: {e}", container.display()))?;
         dirs.push(container);

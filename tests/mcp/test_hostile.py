@@ -338,3 +338,17 @@ def test_audit_log_records_runs_without_code_or_output(tmp_path):
     assert lines[1]["exit_code"] == 5 and lines[1]["error"] == "exit_nonzero"
     for key in ("time", "source", "interpreter", "signal", "duration_ms", "limit"):
         assert key in lines[0], key
+
+
+def test_a_killed_server_leaves_no_sandbox_behind():
+    srv = RawServer()
+    deadline = time.monotonic() + 5
+    while not sandbox_scripts() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_scripts(), "the server keeps sandboxes ready; none appeared"
+    srv.proc.kill()
+    srv.proc.wait()
+    deadline = time.monotonic() + 3
+    while sandbox_scripts() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_scripts() == []
