@@ -28,17 +28,25 @@ fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
 (cd tests/mcp && NSM_BIN=$bin NSM_MODE=host "$venv/bin/python" -m pytest)
 
-if command -v nix-instantiate >/dev/null 2>&1 && [ -x nix/tests/eval.sh ]; then
+if command -v nix-build >/dev/null 2>&1; then
   step "Nix tier: pure evaluation tests of nix/lib"
   nix/tests/eval.sh
 
   step "Nix tier: artifacts built by mkSandbox from host packages, served over MCP"
   artifacts=$(mktemp -d)
   trap 'rm -rf "$artifacts"' EXIT
-  nix/tests/build-e2e-artifacts.sh "$artifacts"
-  (cd tests/mcp && NSM_BIN=$bin NSM_MODE=closure NIX_SANDBOX_DIR=$artifacts "$venv/bin/python" -m pytest test_basic.py)
+  NSM_BIN=$bin nix/tests/build-e2e-artifacts.sh "$artifacts"
+  (cd tests/mcp && NSM_BIN=$bin NSM_MODE=closure NIX_SANDBOX_DIR=$artifacts "$venv/bin/python" -m pytest test_basic.py test_nix.py)
+
+  step "Nix tier: a devShell captured into a sandbox"
+  NSM_BIN=$bin nix/tests/shell-env.sh
+
+  if [ -n "${NIXPKGS_LIB:-}" ]; then
+    step "Nix tier: the NixOS and home-manager modules, evaluated with nixpkgs' lib"
+    nix/tests/modules.sh
+  fi
 else
-  step "Nix tier skipped (nix or nix/tests is missing)"
+  step "Nix tier skipped (nix is not installed; .ci/run installs it)"
 fi
 
 printf '\nall tests passed in %ss\n' "$((SECONDS - start))"

@@ -81,7 +81,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
         tracing::warn!("{note}");
     }
     let registry = if opts.load_environments {
-        let sources = sources_from_env();
+        let sources = environment_sources(&config, project.as_ref()).await;
         let prober = ExecProber(executor.clone());
         let prober: Option<&dyn Prober> = if opts.quick { None } else { Some(&prober) };
         let reg = registry::load(&config, &sources, prober).await;
@@ -149,16 +149,45 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
     ))
 }
 
-/// Environments from the Nix side: `NIX_SANDBOX_BUILTIN` (set by the Nix
-/// package), `NIX_SANDBOX_DIR` and `NIX_SANDBOX_ENVS`.
-pub fn sources_from_env() -> Sources {
-    let split = |v: &str, sep: char| -> Vec<String> {
-        v.split(sep)
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect()
-    };
+/// Environments from the Nix side: artifacts baked into the package
+/// (`NIX_SANDBOX_BUILTIN`), in `NIX_SANDBOX_DIR`, and those Nix builds now
+/// (`NIX_SANDBOX_ENVS`, config `flake` entries, `[project] use_flake`), each
+/// build with the configured time limit.
+pub async fn environment_sources(config: &Config, project: Option<&ProjectMount>) -> Sources {
+    let mut sources = sources_from_env();
+    let refs = std::env::var("NIX_SANDBOX_ENVS")
+        .map(|v| split(&v, ','))
+        .unwrap_or_default();
+    let own_flake = std::env::var_os("NIX_SANDBOX_FLAKE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let (builds, problems) = registry::builds_needed(
+        config,
+        &sources,
+        &refs,
+        project.map(|p| p.host_path.as_path()),
+        own_flake.as_deref(),
+    );
+    let limit = std::time::Duration::from_secs(
+        config.server.nix_build_timeout_seconds.map_or(300, |s| s.0),
+    );
+    if !builds.is_empty() {
+        tracing::info!("building {} environment(s) with Nix", builds.len());
+    }
+    sources.built = registry::flakes::build_all(builds, limit).await;
+    sources.problems = problems;
+    sources
+}
+
+fn split(v: &str, sep: char) -> Vec<String> {
+    v.split(sep)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn sources_from_env() -> Sources {
     let builtin = std::env::var("NIX_SANDBOX_BUILTIN")
         .map(|v| split(&v, ':').into_iter().map(PathBuf::from).collect())
         .unwrap_or_default();
@@ -172,7 +201,7 @@ pub fn sources_from_env() -> Sources {
     Sources {
         builtin,
         artifact_dirs,
-        flake_results: Vec::new(),
+        ..Sources::default()
     }
 }
 

@@ -61,6 +61,9 @@ EXAMPLES
 
 #[derive(Parser, Debug)]
 #[command(name = "nix-sandbox-mcp", version, about = ABOUT, long_about = LONG_ABOUT, after_long_help = AFTER_HELP)]
+// A later --config replaces an earlier one: the Nix package's wrapper passes
+// its own, and the user's must win.
+#[command(args_override_self = true)]
 struct Cli {
     /// Serve MCP over standard input and output (what MCP clients launch)
     #[arg(long)]

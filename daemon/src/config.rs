@@ -35,6 +35,8 @@ pub struct ServerSettings {
     /// Also record the captured output of each run in the audit log.
     #[serde(default)]
     pub audit_log_output: bool,
+    /// Time allowed for each environment Nix builds at start-up.
+    pub nix_build_timeout_seconds: Option<Positive>,
 }
 
 /// Resource limits and output caps; every field optional so that layers
@@ -730,6 +732,10 @@ file_name = "main.rb"
         let keys = [
             "max_concurrent_runs",
             "max_queued_runs",
+            "nix_build_timeout_seconds",
+            "audit_log",
+            "audit_log_code",
+            "audit_log_output",
             "timeout_ms",
             "memory_mb",
             "pids",

@@ -125,7 +125,9 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
         ),
     }
 
-    match app::resolve_project(&config) {
+    let resolved = app::resolve_project(&config);
+    let project = resolved.as_ref().ok().and_then(|(p, _)| p.clone());
+    match resolved {
         Ok((Some(p), _)) => {
             r.ok(
                 "project",
@@ -155,7 +157,7 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
 
     let reg = registry::load(
         &config,
-        &app::sources_from_env(),
+        &app::environment_sources(&config, project.as_ref()).await,
         Some(&app::ExecProber(executor.clone())),
     )
     .await;

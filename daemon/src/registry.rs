@@ -11,6 +11,7 @@ use crate::config::{Config, EnvironmentSettings, LimitSettings};
 use crate::environment::{Environment, InterpreterKind, Limits, RootFs, Source};
 
 pub mod artifact;
+pub mod flakes;
 mod host;
 
 pub use host::{PRESET_NAMES, preset_for};
@@ -78,15 +79,88 @@ pub struct Sources {
     pub builtin: Vec<PathBuf>,
     /// Directories of pre-built artifacts (`NIX_SANDBOX_DIR`).
     pub artifact_dirs: Vec<PathBuf>,
-    /// Artifacts built from flake references (`NIX_SANDBOX_ENVS`), already
-    /// built: `(reference, result)`.
-    pub flake_results: Vec<(String, Result<PathBuf, String>)>,
+    /// Environments Nix built at start-up (see [`builds_needed`]).
+    pub built: Vec<flakes::Built>,
+    /// Environments that could not even be planned, and why.
+    pub problems: Vec<String>,
+}
+
+/// The name of the environment `[project] use_flake` creates.
+pub const PROJECT_ENV: &str = "project";
+
+/// What Nix must build before the registry can load: `NIX_SANDBOX_ENVS`
+/// references, config `flake` entries no baked-in artifact provides, and the
+/// project's devShell environment. `own_flake` is this package's flake
+/// (`NIX_SANDBOX_FLAKE`), whose library builds the last two. Returns the
+/// builds and the reasons some could not be planned.
+pub fn builds_needed(
+    config: &Config,
+    sources: &Sources,
+    env_refs: &[String],
+    project: Option<&Path>,
+    own_flake: Option<&Path>,
+) -> (Vec<flakes::Build>, Vec<String>) {
+    use flakes::{Build, Target};
+    let mut builds: Vec<Build> = env_refs
+        .iter()
+        .map(|r| Build {
+            label: r.clone(),
+            name: None,
+            target: Target::Reference(r.clone()),
+        })
+        .collect();
+    let mut problems = Vec::new();
+    let baked: Vec<String> = sources
+        .builtin
+        .iter()
+        .filter_map(|d| artifact::load(d, LimitSettings::default()).ok())
+        .map(|e| e.name)
+        .collect();
+    for (name, entry) in config.environments.iter().flatten() {
+        let Some(reference) = &entry.flake else {
+            continue;
+        };
+        if baked.contains(name) {
+            continue;
+        }
+        let target = match own_flake {
+            Some(f) => Target::Expression(flakes::flake_entry_expression(
+                f,
+                name,
+                reference,
+                entry.interpreter.as_ref().map(|i| i.0.as_slice()),
+            )),
+            // Without this package's flake only a ready artifact can be built.
+            None => Target::Reference(reference.clone()),
+        };
+        builds.push(Build {
+            label: format!("environments.{name} ({reference})"),
+            name: Some(name.clone()),
+            target,
+        });
+    }
+    if config.project.use_flake && !baked.iter().any(|n| n == PROJECT_ENV) {
+        match (own_flake, project) {
+            (Some(f), Some(p)) if p.join("flake.nix").is_file() => builds.push(Build {
+                label: format!("the project's devShell ({})", p.display()),
+                name: Some(PROJECT_ENV.to_string()),
+                target: Target::Expression(flakes::project_expression(f, p)),
+            }),
+            (_, Some(p)) if !p.join("flake.nix").is_file() => problems.push(format!("[project] use_flake: {} has no flake.nix", p.display())),
+            (_, None) => problems.push("[project] use_flake: no project is mounted".to_string()),
+            _ => problems.push("[project] use_flake needs the Nix package of nix-sandbox-mcp (nix run …#nix-sandbox-mcp), which knows how to build a devShell environment".to_string()),
+        }
+    }
+    (builds, problems)
 }
 
 /// Loads every environment. `prober`, when given, checks host environments
 /// inside the jail (dropping broken ones) and learns their versions.
 pub async fn load(config: &Config, sources: &Sources, prober: Option<&dyn Prober>) -> Registry {
     let mut reg = Registry::default();
+    for p in &sources.problems {
+        reg.warn(p.clone());
+    }
     let mut candidates: Vec<Environment> = Vec::new();
 
     // Artifacts: baked-in presets, then NIX_SANDBOX_DIR, then NIX_SANDBOX_ENVS;
@@ -114,10 +188,18 @@ pub async fn load(config: &Config, sources: &Sources, prober: Option<&dyn Prober
             )),
         }
     }
-    for (reference, result) in &sources.flake_results {
-        match result {
-            Ok(path) => load_artifact(&mut reg, &mut artifacts, path, config),
-            Err(e) => reg.warn(format!("environment from flake {reference} skipped: {e}")),
+    for built in &sources.built {
+        match &built.result {
+            Ok(path) => match artifact::load(path, config.defaults) {
+                Ok(mut env) => {
+                    if let Some(name) = &built.build.name {
+                        env.name = name.clone();
+                    }
+                    artifacts.insert(env.name.clone(), env);
+                }
+                Err(e) => reg.warn(format!("{} built {}, which is not a sandbox artifact ({e}); build it with lib.mkSandbox", built.build.label, path.display())),
+            },
+            Err(e) => reg.warn(format!("environment from {} skipped: {e}", built.build.label)),
         }
     }
 
@@ -131,9 +213,12 @@ pub async fn load(config: &Config, sources: &Sources, prober: Option<&dyn Prober
                 }
             }
             // Artifacts from NIX_SANDBOX_DIR / NIX_SANDBOX_ENVS are offered too,
-            // unless the config already defines that name.
+            // unless the config already defines that name; and the project's
+            // environment when the config asks for it.
             for (name, env) in artifacts {
-                if !entries.contains_key(&name) && !is_builtin(&env, sources) {
+                let wanted =
+                    !is_builtin(&env, sources) || (name == PROJECT_ENV && config.project.use_flake);
+                if !entries.contains_key(&name) && wanted {
                     candidates.push(env);
                 }
             }

@@ -253,6 +253,25 @@ fn config_errors_name_file_key_and_line() {
 }
 
 #[test]
+fn a_later_config_option_replaces_an_earlier_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first.toml");
+    std::fs::write(&first, "[environments.first]\npreset = \"bash\"\n").unwrap();
+    let second = config(dir.path(), "[environments.second]\npreset = \"bash\"\n");
+    let o = out(&mut cli(&[
+        "--config",
+        first.to_str().unwrap(),
+        "--config",
+        second.to_str().unwrap(),
+        "envs",
+        "--json",
+    ]));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o.stderr)));
+    assert_eq!(v["environments"][0]["name"], "second");
+}
+
+#[test]
 fn xdg_config_is_used_when_present() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("nix-sandbox-mcp")).unwrap();
