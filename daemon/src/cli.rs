@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{self, App, StartOptions};
 use crate::exec::{ExecError, LimitKind, Observer, Request, Stream};
+use crate::jobs::{JobLimits, Jobs};
 use crate::registry::artifact;
 use crate::server::{SandboxServer, Shared};
 
@@ -224,6 +225,7 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         inherit_env: config.project.inherit_names(),
         shutdown: shutdown.clone(),
         audit,
+        jobs: Jobs::new(job_limits(&config)),
     });
     let service = match server.serve(rmcp::transport::stdio_pipes()).await {
         Ok(s) => s,
@@ -240,6 +242,19 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     shutdown.cancel();
     executor.shutdown().await;
     ExitCode::SUCCESS
+}
+
+fn job_limits(config: &crate::config::Config) -> JobLimits {
+    let s = &config.server;
+    let seconds = |v: Option<crate::config::Positive>, default: u64| {
+        std::time::Duration::from_secs(v.map_or(default, |p| p.0))
+    };
+    JobLimits {
+        max_jobs: s.max_jobs.map_or(8, |p| p.0 as usize),
+        timeout: seconds(s.job_timeout_seconds, 1800),
+        retention: seconds(s.job_retention_seconds, 3600),
+        output_bytes: s.job_output_bytes.map_or(1 << 20, |p| p.0 as usize),
+    }
 }
 
 /// Echoes a run's output to the terminal as it arrives.

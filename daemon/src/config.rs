@@ -37,6 +37,14 @@ pub struct ServerSettings {
     pub audit_log_output: bool,
     /// Time allowed for each environment Nix builds at start-up.
     pub nix_build_timeout_seconds: Option<Positive>,
+    /// Background jobs kept at once, running or finished.
+    pub max_jobs: Option<Positive>,
+    /// Time limit of a background run.
+    pub job_timeout_seconds: Option<Positive>,
+    /// How long a finished job stays readable.
+    pub job_retention_seconds: Option<Positive>,
+    /// Bytes of each output stream a job keeps (the latest).
+    pub job_output_bytes: Option<Positive>,
 }
 
 /// Resource limits and output caps; every field optional so that layers
@@ -733,6 +741,10 @@ file_name = "main.rb"
             "max_concurrent_runs",
             "max_queued_runs",
             "nix_build_timeout_seconds",
+            "max_jobs",
+            "job_timeout_seconds",
+            "job_retention_seconds",
+            "job_output_bytes",
             "audit_log",
             "audit_log_code",
             "audit_log_output",

@@ -40,8 +40,10 @@ pub enum Stream {
     Stderr,
 }
 
-/// Sees a run's output as it happens (terminal echo, progress, job logs).
+/// Sees a run as it happens (terminal echo, progress, job logs).
 pub trait Observer: Send + Sync {
+    /// The run got a sandbox and its program is starting.
+    fn started(&self) {}
     fn output(&self, stream: Stream, data: &[u8]);
 }
 
@@ -370,6 +372,9 @@ impl Executor {
         // status below explains.
         let _ = rustix::io::write(&block, b"x");
         drop(block);
+        if let Some(o) = &req.observer {
+            o.started();
+        }
 
         let total = Arc::new(AtomicU64::new(0));
         let over = Arc::new(Notify::new());
@@ -549,7 +554,7 @@ fn write_code(
 /// mounts and waits on `block` before starting the command.
 #[derive(Debug)]
 struct Prepared {
-    child: tokio::process::Child,
+    child: Bwrap,
     lease: Lease,
     /// The file mounted as the code file; the call writes the code into it.
     code: tempfile::NamedTempFile,
@@ -559,10 +564,44 @@ struct Prepared {
     status: OwnedFd,
 }
 
+/// A bubblewrap process. Dropped while it still runs, it is killed with its
+/// whole process group: bubblewrap and, if it has started one, the sandbox's
+/// init, which, caught before its user namespace is set up, would otherwise
+/// wait forever for a parent that is gone.
+#[derive(Debug)]
+struct Bwrap(tokio::process::Child);
+
+impl std::ops::Deref for Bwrap {
+    type Target = tokio::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Bwrap {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Bwrap {
+    fn drop(&mut self) {
+        // Only while not yet reaped: a reaped pid may already name another process.
+        if matches!(self.0.try_wait(), Ok(None))
+            && let Some(pid) = self
+                .0
+                .id()
+                .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+        {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 /// A bubblewrap just started, blocked reading its options, not yet in its
 /// cgroup.
 struct Spawned {
-    child: tokio::process::Child,
+    child: Bwrap,
     lease: Lease,
     code: tempfile::NamedTempFile,
     block: OwnedFd,
@@ -627,7 +666,7 @@ impl Inner {
         unsafe {
             cmd.pre_exec(move || plan.apply());
         }
-        let child = cmd.spawn()?;
+        let child = Bwrap(cmd.spawn()?);
         Ok(Spawned {
             child,
             lease,

@@ -5,7 +5,7 @@
 //! (environments by name), `jail` (environment + call → bwrap argv), `exec`
 //! (one run's lifecycle), `limits` (cgroups and rlimits), `seccomp` (the
 //! syscall filter), `platform` (what the host offers), `server` (the MCP
-//! surface), `app` (start-up wiring), `doctor` (diagnostics), `audit` (the run log).
+//! surface), `app` (start-up wiring), `doctor` (diagnostics), `audit` (the run log), `jobs` (background runs).
 
 pub mod app;
 pub mod audit;
@@ -16,6 +16,7 @@ pub mod doctor;
 pub mod environment;
 pub mod exec;
 pub mod jail;
+pub mod jobs;
 pub mod limits;
 pub mod platform;
 pub mod registry;

@@ -216,6 +216,12 @@ impl Enforcer {
     pub fn cleanup(&self) {
         if let Some(pool) = &self.pool {
             *pool.recycle.lock().unwrap() = None;
+            // Sandboxes still being prepared are in groups no lease returned yet.
+            for c in pool.containers() {
+                for g in run_groups(&c) {
+                    kill_pids_in(&g);
+                }
+            }
             for g in pool.free.lock().unwrap().drain(..) {
                 pool.remove_group(&g);
             }
@@ -575,14 +581,41 @@ fn remove_stale_containers(parent: &Path) {
         if Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
-        if let Ok(runs) = fs::read_dir(e.path()) {
-            for r in runs.flatten() {
-                if r.path().is_dir() {
-                    let _ = fs::remove_dir(r.path());
+        // Its owner died without cleaning up (killed, say, while it was
+        // setting a sandbox up): nothing in its groups may live on.
+        let runs = run_groups(&e.path());
+        for r in &runs {
+            kill_pids_in(r);
+        }
+        for r in &runs {
+            for _ in 0..100 {
+                if fs::remove_dir(r).is_ok() || !r.exists() {
+                    break;
                 }
+                std::thread::sleep(Duration::from_millis(10));
             }
         }
         let _ = fs::remove_dir(e.path());
+    }
+}
+
+fn run_groups(container: &Path) -> Vec<PathBuf> {
+    fs::read_dir(container)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn kill_pids_in(group: &Path) {
+    let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        if let Some(p) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
     }
 }
 

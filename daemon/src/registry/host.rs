@@ -233,7 +233,7 @@ pub fn describe_from_probe(mut env: Environment, out: &str) -> Environment {
                     .take(6)
                     .collect();
                 env.description = format!(
-                    "Bash {version}, coreutils, grep, sed, awk{}",
+                    "Bash {version}, coreutils{}",
                     if shown.is_empty() {
                         String::new()
                     } else {

@@ -1,25 +1,30 @@
-//! The MCP surface: the `run` tool over rmcp, argument checks with errors a
-//! model can act on, and the translation of runs into tool results. Knows the
-//! registry and the executor only through their public interfaces.
+//! The MCP surface: the `run` and `job` tools over rmcp, argument checks with
+//! errors a model can act on, progress and cancellation of calls, and the
+//! translation of runs and jobs into tool results. Knows the registry, the
+//! executor and the job table only through their public interfaces.
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
-    Tool,
+    ListToolsResult, PaginatedRequestParams, ProgressToken, ProtocolVersion, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{self, AuditLog};
-use crate::exec::{ExecError, Executor, Request};
+use crate::environment::Environment;
+use crate::exec::{ExecError, Executor, Observer, Outcome, Request};
 use crate::jail::ProjectMount;
+use crate::jobs::Jobs;
 use crate::registry::Registry;
 
+mod progress;
 pub mod result;
 pub mod tool;
 
@@ -27,6 +32,8 @@ use result::{ErrorCode, ToolError};
 
 /// The newest protocol revision this server implements.
 pub const MAX_PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+/// Longest a `job` call waits for a job to finish.
+const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// Shared state of the server, built once at start-up.
 pub struct Shared {
@@ -38,13 +45,20 @@ pub struct Shared {
     /// Cancelled when the server shuts down: every run in flight is killed.
     pub shutdown: CancellationToken,
     pub audit: Option<Arc<AuditLog>>,
+    pub jobs: Jobs,
 }
 
 #[derive(Clone)]
 pub struct SandboxServer {
     shared: Arc<Shared>,
-    tool: Arc<Tool>,
+    tools: Arc<Vec<Tool>>,
     instructions: Arc<String>,
+}
+
+/// Where a call reports progress, when the client asked for it.
+struct Progress {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
 }
 
 impl SandboxServer {
@@ -55,7 +69,10 @@ impl SandboxServer {
             .map(|e| e.limits.output_bytes)
             .max()
             .unwrap_or(16 * 1024);
-        let tool = tool::run_tool(&envs, shared.project.as_ref(), output_bytes);
+        let tools = vec![
+            tool::run_tool(&envs, shared.project.as_ref(), output_bytes),
+            tool::job_tool(shared.jobs.limits()),
+        ];
         let inherited = crate::config::read_inherited(&shared.inherit_env);
         for env in &envs {
             if let Err(e) = shared
@@ -68,13 +85,13 @@ impl SandboxServer {
         let instructions = tool::instructions(&envs);
         SandboxServer {
             shared: Arc::new(shared),
-            tool: Arc::new(tool),
+            tools: Arc::new(tools),
             instructions: Arc::new(instructions),
         }
     }
 
     pub fn tools(&self) -> Vec<Tool> {
-        vec![(*self.tool).clone()]
+        (*self.tools).clone()
     }
 
     pub fn instructions(&self) -> &str {
@@ -85,130 +102,313 @@ impl SandboxServer {
         self.shared.registry.names().join(", ")
     }
 
-    /// Handles a `run` call; every failure becomes an error result.
-    pub async fn run(
-        &self,
-        args: Option<&JsonObject>,
-        request_cancel: CancellationToken,
-    ) -> CallToolResult {
-        match self.try_run(args, request_cancel).await {
-            Ok(r) => r,
-            Err(e) => result::error_result(&e),
-        }
-    }
-
-    async fn try_run(
-        &self,
-        args: Option<&JsonObject>,
-        request_cancel: CancellationToken,
-    ) -> Result<CallToolResult, ToolError> {
-        let args = parse_run_args(args, &self.env_list())?;
-        let env = self.shared.registry.get(&args.env).ok_or_else(|| {
-            let what = if args.env.is_empty() {
+    fn environment(&self, name: &str) -> Result<&Arc<Environment>, ToolError> {
+        self.shared.registry.get(name).ok_or_else(|| {
+            let what = if name.is_empty() {
                 "`env` is empty".to_string()
             } else {
-                format!("there is no environment {:?}", args.env)
+                format!("there is no environment {name:?}")
             };
             ToolError::new(
                 ErrorCode::UnknownEnv,
                 what,
                 format!("Set `env` to one of: {}.", self.env_list()),
             )
-        })?;
-        let inherited = crate::config::read_inherited(&self.shared.inherit_env);
+        })
+    }
+
+    /// Handles a `run` call; every failure becomes an error result.
+    async fn run(
+        &self,
+        args: Option<&JsonObject>,
+        cancel: CancellationToken,
+        progress: Option<Progress>,
+    ) -> CallToolResult {
+        let result = async {
+            let args = Arguments::new(args, tool::RUN, &["code", "env", "background"], RUN_SHAPE)?;
+            let env_name = args.string("env")?.ok_or_else(|| {
+                ToolError::new(
+                    ErrorCode::InvalidInput,
+                    "missing argument `env`",
+                    format!("Set `env` to one of: {}.", self.env_list()),
+                )
+            })?;
+            let code = args
+                .string("code")?
+                .ok_or_else(|| args.invalid("missing argument `code` (the program text to run)"))?;
+            if code.trim().is_empty() {
+                return Err(ToolError::new(
+                    ErrorCode::InvalidInput,
+                    "`code` is empty",
+                    "Pass the program text to run in `code`.",
+                ));
+            }
+            let env = self.environment(env_name.trim())?.clone();
+            if args.bool("background")?.unwrap_or(false) {
+                self.start_job(env, code)
+            } else {
+                Ok(self.run_now(&env, &code, cancel, progress).await)
+            }
+        }
+        .await;
+        result.unwrap_or_else(|e| result::error_result(&e))
+    }
+
+    async fn run_now(
+        &self,
+        env: &Arc<Environment>,
+        code: &str,
+        request_cancel: CancellationToken,
+        progress: Option<Progress>,
+    ) -> CallToolResult {
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
+        let live = Arc::new(progress::Live::default());
+        let reporter = progress.map(|p| {
+            let live = live.clone();
+            let limit = env.limits.timeout;
+            progress::report(
+                p.peer,
+                p.token,
+                move |elapsed| live.message(elapsed, limit),
+                limit,
+            )
+        });
         let outcome = self
             .shared
             .executor
             .run(Request {
                 env,
-                code: args.code.as_bytes(),
+                code: code.as_bytes(),
                 project: self.shared.project.as_ref(),
-                inherited,
+                inherited: crate::config::read_inherited(&self.shared.inherit_env),
                 cancel: cancel.clone(),
-                observer: None,
+                observer: Some(live),
             })
             .await;
+        if let Some(r) = reporter {
+            r.abort();
+        }
         cancel.cancel();
-        let result = outcome.as_ref().map_err(exec_error);
-        if let Some(log) = &self.shared.audit {
-            let error = match &result {
-                Ok(o) => result::run_error(o, &env.limits).map(|e| e.code.as_str()),
-                Err(e) => Some(e.code.as_str()),
+        self.audit(env, code, "run", &outcome);
+        match &outcome {
+            Ok(o) => result::run_result(&env.name, o, &env.limits),
+            Err(e) => result::error_result(&exec_error(e)),
+        }
+    }
+
+    /// Starts `code` as a background job and returns at once.
+    fn start_job(&self, env: Arc<Environment>, code: String) -> Result<CallToolResult, ToolError> {
+        let jobs = &self.shared.jobs;
+        let (job, cancel) = jobs.create(&env.name, &self.shared.shutdown).map_err(|e| {
+            ToolError::new(ErrorCode::Busy, e.to_string(), "Read finished jobs with the job tool (they are forgotten after a while), or kill one you no longer need.")
+        })?;
+        let mut job_env = (*env).clone();
+        job_env.limits.timeout = jobs.limits().timeout;
+        let server = self.clone();
+        let task_job = job.clone();
+        tokio::spawn(async move {
+            let observer: Arc<dyn Observer> = task_job.clone();
+            let outcome = server
+                .shared
+                .executor
+                .run(Request {
+                    env: &job_env,
+                    code: code.as_bytes(),
+                    project: server.shared.project.as_ref(),
+                    inherited: crate::config::read_inherited(&server.shared.inherit_env),
+                    cancel,
+                    observer: Some(observer),
+                })
+                .await;
+            server.audit(&job_env, &code, "job", &outcome);
+            task_job.finish(outcome);
+        });
+        Ok(result::job_started(&job, jobs.limits().timeout))
+    }
+
+    /// Handles a `job` call.
+    async fn job(&self, args: Option<&JsonObject>, progress: Option<Progress>) -> CallToolResult {
+        let result = async {
+            let args = Arguments::new(
+                args,
+                tool::JOB,
+                &[
+                    "id",
+                    "wait_seconds",
+                    "kill",
+                    "stdout_offset",
+                    "stderr_offset",
+                ],
+                JOB_SHAPE,
+            )?;
+            let Some(id) = args.string("id")? else {
+                return Ok(result::job_list(&self.shared.jobs.list()));
             };
-            log.record(&audit::Entry {
-                env,
-                code: args.code.as_bytes(),
-                kind: "run",
-                outcome: outcome.as_ref().ok(),
-                error,
-            });
+            let job = self.shared.jobs.get(&id).ok_or_else(|| {
+                let known: Vec<String> = self
+                    .shared
+                    .jobs
+                    .list()
+                    .iter()
+                    .map(|j| j.id.clone())
+                    .collect();
+                let hint = if known.is_empty() {
+                    "There are no jobs; start one with run(background=true).".to_string()
+                } else {
+                    format!("Known jobs: {}.", known.join(", "))
+                };
+                ToolError::new(
+                    ErrorCode::UnknownJob,
+                    format!("there is no job {id:?} (finished jobs are forgotten after a while)"),
+                    hint,
+                )
+            })?;
+            let wait = args.number("wait_seconds")?.unwrap_or(0.0);
+            if !(0.0..=MAX_WAIT.as_secs_f64()).contains(&wait) {
+                return Err(args.invalid(&format!(
+                    "`wait_seconds` must be between 0 and {}",
+                    MAX_WAIT.as_secs()
+                )));
+            }
+            if args.bool("kill")?.unwrap_or(false) {
+                job.kill();
+                job.wait(Duration::from_secs(5)).await;
+            } else if wait > 0.0 {
+                let reporter = progress.map(|p| {
+                    let (waited, limit) = (job.clone(), Duration::from_secs_f64(wait));
+                    progress::report(
+                        p.peer,
+                        p.token,
+                        move |_| format!("{} {}", waited.id, waited.state().as_str()),
+                        limit,
+                    )
+                });
+                job.wait(Duration::from_secs_f64(wait)).await;
+                if let Some(r) = reporter {
+                    r.abort();
+                }
+            }
+            let max = self
+                .shared
+                .registry
+                .iter()
+                .map(|e| e.limits.output_bytes)
+                .max()
+                .unwrap_or(16 * 1024);
+            let (stdout, stderr) = job.read(
+                args.offset("stdout_offset")?,
+                args.offset("stderr_offset")?,
+                max,
+            );
+            let limits = self.shared.registry.get(&job.env).map(|e| e.limits);
+            Ok(result::job_status(&job, &stdout, &stderr, limits.as_ref()))
         }
-        result.map(|o| result::run_result(&env.name, o, &env.limits))
+        .await;
+        result.unwrap_or_else(|e| result::error_result(&e))
+    }
+
+    fn audit(
+        &self,
+        env: &Environment,
+        code: &str,
+        kind: &str,
+        outcome: &Result<Outcome, ExecError>,
+    ) {
+        let Some(log) = &self.shared.audit else {
+            return;
+        };
+        let error = match outcome {
+            Ok(o) => result::run_error(o, &env.limits).map(|e| e.code.as_str()),
+            Err(e) => Some(exec_error(e).code.as_str()),
+        };
+        log.record(&audit::Entry {
+            env,
+            code: code.as_bytes(),
+            kind,
+            outcome: outcome.as_ref().ok(),
+            error,
+        });
     }
 }
 
-/// Arguments of `run`, checked.
-#[derive(Debug)]
-pub struct RunArgs {
-    pub code: String,
-    pub env: String,
+const RUN_SHAPE: &str = "Call run with {\"env\": <name>, \"code\": <program text>}, and \"background\": true to start a job.";
+const JOB_SHAPE: &str = "Call job with no arguments to list jobs, or {\"id\": \"job-1\", \"wait_seconds\": 30} to wait for one and read its new output.";
+
+/// A tool's arguments, with typed accessors whose errors say how to call it.
+struct Arguments<'a> {
+    map: &'a JsonObject,
+    shape: &'static str,
 }
 
-pub fn parse_run_args(args: Option<&JsonObject>, envs: &str) -> Result<RunArgs, ToolError> {
-    let empty = JsonObject::new();
-    let args = args.unwrap_or(&empty);
-    let invalid = |msg: String| {
-        ToolError::new(
-            ErrorCode::InvalidInput,
-            msg,
-            "Call run with {\"env\": <name>, \"code\": <program text>}.",
-        )
-    };
-    if let Some(k) = args.keys().find(|k| !matches!(k.as_str(), "code" | "env")) {
-        return Err(invalid(format!(
-            "unknown argument `{k}`; run takes `code` and `env`"
-        )));
-    }
-    let env = match args.get("env") {
-        None => {
-            return Err(ToolError::new(
-                ErrorCode::InvalidInput,
-                "missing argument `env`",
-                format!("Set `env` to one of: {envs}."),
-            ));
-        }
-        Some(Value::String(s)) => s.trim().to_string(),
-        Some(other) => {
-            return Err(ToolError::new(
-                ErrorCode::InvalidInput,
-                format!("`env` must be a string, not {}", json_type(other)),
-                format!("Set `env` to one of: {envs}."),
-            ));
-        }
-    };
-    let code = match args.get("code") {
-        None => {
-            return Err(invalid(
-                "missing argument `code` (the program text to run)".into(),
-            ));
-        }
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            return Err(invalid(format!(
-                "`code` must be a string, not {}",
-                json_type(other)
+impl<'a> Arguments<'a> {
+    fn new(
+        args: Option<&'a JsonObject>,
+        tool: &str,
+        known: &[&str],
+        shape: &'static str,
+    ) -> Result<Arguments<'a>, ToolError> {
+        static EMPTY: std::sync::LazyLock<JsonObject> = std::sync::LazyLock::new(JsonObject::new);
+        let map = args.unwrap_or(&EMPTY);
+        let me = Arguments { map, shape };
+        if let Some(k) = map.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(me.invalid(&format!(
+                "unknown argument `{k}`; {tool} takes {}",
+                known
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
-    };
-    if code.trim().is_empty() {
-        return Err(ToolError::new(
-            ErrorCode::InvalidInput,
-            "`code` is empty",
-            "Pass the program text to run in `code`.",
-        ));
+        Ok(me)
     }
-    Ok(RunArgs { code, env })
+
+    fn invalid(&self, message: &str) -> ToolError {
+        ToolError::new(ErrorCode::InvalidInput, message, self.shape)
+    }
+
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.map.get(name).filter(|v| !v.is_null())
+    }
+
+    fn wrong(&self, name: &str, expected: &str, v: &Value) -> ToolError {
+        self.invalid(&format!(
+            "`{name}` must be {expected}, not {}",
+            json_type(v)
+        ))
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, ToolError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(self.wrong(name, "a string", v)),
+        }
+    }
+
+    fn bool(&self, name: &str) -> Result<Option<bool>, ToolError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.wrong(name, "true or false", v)),
+        }
+    }
+
+    fn number(&self, name: &str) -> Result<Option<f64>, ToolError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => Ok(n.as_f64()),
+            Some(v) => Err(self.wrong(name, "a number", v)),
+        }
+    }
+
+    fn offset(&self, name: &str) -> Result<Option<u64>, ToolError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+            Some(v) => Err(self.wrong(name, "a byte offset (an integer of 0 or more)", v)),
+        }
+    }
 }
 
 fn json_type(v: &Value) -> &'static str {
@@ -247,7 +447,7 @@ pub fn exec_error(e: &ExecError) -> ToolError {
     }
 }
 
-/// A token cancelled when either input is (or when dropped by the caller via `cancel`).
+/// A token cancelled when either input is (or when the caller cancels it).
 pub fn either_cancelled(a: &CancellationToken, b: &CancellationToken) -> CancellationToken {
     let out = CancellationToken::new();
     let (a, b, o) = (a.clone(), b.clone(), out.clone());
@@ -288,13 +488,20 @@ impl ServerHandler for SandboxServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let progress = context.meta.get_progress_token().map(|token| Progress {
+            peer: context.peer.clone(),
+            token,
+        });
+        let args = request.arguments.as_ref();
         match request.name.as_ref() {
-            tool::RUN => Ok(self
-                .run(request.arguments.as_ref(), context.ct.clone())
-                .await
-                .into()),
+            tool::RUN => Ok(self.run(args, context.ct.clone(), progress).await.into()),
+            tool::JOB => Ok(self.job(args, progress).await.into()),
             other => Err(McpError::invalid_params(
-                format!("unknown tool {other:?}; this server offers: {}", tool::RUN),
+                format!(
+                    "unknown tool {other:?}; this server offers: {}, {}",
+                    tool::RUN,
+                    tool::JOB
+                ),
                 None,
             )),
         }

@@ -11,6 +11,7 @@ use crate::environment::Environment;
 use crate::jail::ProjectMount;
 
 pub const RUN: &str = "run";
+pub const JOB: &str = "job";
 
 /// The `run` tool definition.
 pub fn run_tool(
@@ -22,11 +23,11 @@ pub fn run_tool(
     let input = json!({
         "type": "object",
         "properties": {
-            "code": {"type": "string", "description": "Program text (for bash, a script)"},
-            "env": {"type": "string", "enum": names}
+            "code": {"type": "string"},
+            "env": {"type": "string", "enum": names},
+            "background": {"type": "boolean", "description": "Return a job id at once"}
         },
-        "required": ["code", "env"],
-        "additionalProperties": false
+        "required": ["code", "env"]
     });
     let any_network = envs.iter().any(|e| e.network);
     Tool::new(
@@ -88,11 +89,28 @@ fn description(
         Some(p) => d.push_str(&format!("Project: {} (read-only). ", p.mount_point)),
         None => {}
     }
-    d.push_str(&format!(
-        "Writable: /workspace (cwd and HOME, empty each call). Output beyond {} KiB per stream keeps head and tail.",
-        output_bytes / 1024
-    ));
+    d.push_str(&format!("Writable: /workspace (cwd, HOME; empty each call). Output over {} KiB per stream is cut in the middle.", output_bytes / 1024));
     d
+}
+
+/// The `job` tool: reads and stops background runs.
+pub fn job_tool(limits: crate::jobs::JobLimits) -> Tool {
+    let input = json!({
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "wait_seconds": {"type": "number", "maximum": 60},
+            "kill": {"type": "boolean"},
+            "stdout_offset": {"type": "integer"},
+            "stderr_offset": {"type": "integer"}
+        }
+    });
+    let description = format!(
+        "Background runs (time limit {} s). No id: list them. With id: state and output since the last read (or from the offsets); wait_seconds waits for the end; kill stops it.",
+        limits.timeout.as_secs()
+    );
+    Tool::new(JOB, description, Arc::new(object(input)))
+        .with_annotations(ToolAnnotations::new().destructive(false).open_world(false))
 }
 
 fn trim_float(v: f64) -> String {
@@ -102,13 +120,12 @@ fn trim_float(v: f64) -> String {
 
 /// Server instructions: how to choose an environment.
 pub fn instructions(envs: &[Arc<Environment>]) -> String {
-    let mut s = String::from("Execute code with `run` instead of guessing its result. ");
+    let mut s = String::from("Run code instead of guessing its result. Pick `env` by the code's language");
     if envs.iter().any(|e| e.name == "bash") {
-        s.push_str("Use bash for shell commands and the project's own tools (tests, builds, git); otherwise the env of the code's language. ");
-    } else {
-        s.push_str("Pick the env of the code's language. ");
+        s.push_str("; bash for shell commands and the project's tools (tests, builds, git)");
     }
-    s.push_str("Each call is a fresh sandbox. Failures (non-zero exit, timeout, limit) return isError with stdout, stderr and a suggestion.");
+    s.push_str(". ");
+    s.push_str("Each call is a fresh sandbox. Failures return isError with stdout, stderr and a suggestion. Longer work: run with background=true, then job.");
     s
 }
 

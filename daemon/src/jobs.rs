@@ -1,0 +1,367 @@
+//! Background runs: a bounded table of jobs, each a run started without
+//! waiting for it, with its output kept in bounded logs the agent reads from
+//! offsets. Jobs are limited in number, in lifetime (their own time limit) and
+//! in retained output, are forgotten some time after they finish, and die with
+//! the server (their cancellation tokens descend from its shutdown token).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::capture::{Capture, Captured};
+use crate::exec::{ExecError, Observer, Outcome, Stream};
+
+/// Bounds on jobs.
+#[derive(Debug, Clone, Copy)]
+pub struct JobLimits {
+    /// Jobs kept at once, running or finished.
+    pub max_jobs: usize,
+    /// Time limit of a background run (instead of the environment's).
+    pub timeout: Duration,
+    /// How long a finished job is kept.
+    pub retention: Duration,
+    /// Bytes of each stream kept (the latest).
+    pub output_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Waiting for a run slot.
+    Queued,
+    Running,
+    Finished,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Running => "running",
+            State::Finished => "finished",
+        }
+    }
+}
+
+/// How a finished job ended.
+#[derive(Debug, Clone)]
+pub enum Ending {
+    Ran(Outcome),
+    Failed(String),
+}
+
+/// One stream's retained output, addressed by absolute byte offsets.
+#[derive(Debug)]
+struct Log {
+    kept: VecDeque<u8>,
+    /// Offset of the first kept byte.
+    first: u64,
+    cap: usize,
+    /// Where the last read without an explicit offset ended.
+    cursor: u64,
+}
+
+impl Log {
+    fn new(cap: usize) -> Log {
+        Log {
+            kept: VecDeque::new(),
+            first: 0,
+            cap,
+            cursor: 0,
+        }
+    }
+
+    fn end(&self) -> u64 {
+        self.first + self.kept.len() as u64
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        self.kept.extend(data);
+        let excess = self.kept.len().saturating_sub(self.cap);
+        self.kept.drain(..excess);
+        self.first += excess as u64;
+    }
+
+    /// Output from `from` (default: where the last read ended) to now, at most
+    /// `max` bytes kept (head and tail), and the offset to read from next.
+    fn read(&mut self, from: Option<u64>, max: usize) -> Chunk {
+        let from = from.unwrap_or(self.cursor).min(self.end());
+        let lost = self.first.saturating_sub(from);
+        let start = from.max(self.first);
+        let mut capture = Capture::new(max);
+        let (a, b) = self.kept.as_slices();
+        let skip = (start - self.first) as usize;
+        if skip < a.len() {
+            capture.push(&a[skip..]);
+            capture.push(b);
+        } else {
+            capture.push(&b[skip - a.len()..]);
+        }
+        self.cursor = self.end();
+        Chunk {
+            output: capture.finish(),
+            offset: from,
+            next_offset: self.end(),
+            lost_bytes: lost,
+        }
+    }
+}
+
+/// Output read from a job.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    pub output: Captured,
+    /// Where this chunk starts.
+    pub offset: u64,
+    /// Where the next read should start.
+    pub next_offset: u64,
+    /// Bytes between the requested offset and the oldest kept byte, which
+    /// were no longer retained.
+    pub lost_bytes: u64,
+}
+
+#[derive(Debug)]
+pub struct Job {
+    pub id: String,
+    pub env: String,
+    pub created: Instant,
+    cancel: CancellationToken,
+    state: watch::Sender<State>,
+    logs: Mutex<[Log; 2]>,
+    ending: Mutex<Option<(Ending, Instant)>>,
+}
+
+impl Job {
+    pub fn state(&self) -> State {
+        *self.state.borrow()
+    }
+
+    pub fn ending(&self) -> Option<Ending> {
+        self.ending.lock().unwrap().as_ref().map(|(e, _)| e.clone())
+    }
+
+    /// Kills the job's sandbox (or takes it out of the queue).
+    pub fn kill(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Waits until the job finishes or `limit` passes; true when finished.
+    pub async fn wait(&self, limit: Duration) -> bool {
+        let mut rx = self.state.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|s| *s == State::Finished))
+            .await
+            .is_ok()
+    }
+
+    /// New output of both streams (see [`Log::read`]).
+    pub fn read(
+        &self,
+        stdout_from: Option<u64>,
+        stderr_from: Option<u64>,
+        max: usize,
+    ) -> (Chunk, Chunk) {
+        let mut logs = self.logs.lock().unwrap();
+        let [out, err] = &mut *logs;
+        (out.read(stdout_from, max), err.read(stderr_from, max))
+    }
+
+    /// Records how the run ended (called once, by the task that ran it).
+    pub fn finish(&self, result: Result<Outcome, ExecError>) {
+        let ending = match result {
+            Ok(o) => Ending::Ran(o),
+            Err(e) => Ending::Failed(e.to_string()),
+        };
+        *self.ending.lock().unwrap() = Some((ending, Instant::now()));
+        self.state.send_replace(State::Finished);
+    }
+
+    fn finished_since(&self) -> Option<Instant> {
+        self.ending.lock().unwrap().as_ref().map(|(_, at)| *at)
+    }
+}
+
+/// The job is an observer of its own run: output goes into its logs.
+impl Observer for Job {
+    fn started(&self) {
+        self.state.send_replace(State::Running);
+    }
+
+    fn output(&self, stream: Stream, data: &[u8]) {
+        let i = match stream {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        };
+        self.logs.lock().unwrap()[i].push(data);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("{max} jobs already exist ({running} still running)")]
+    Full { max: usize, running: usize },
+}
+
+/// The server's jobs.
+#[derive(Debug)]
+pub struct Jobs {
+    limits: JobLimits,
+    table: Mutex<BTreeMap<u64, Arc<Job>>>,
+    next: Mutex<u64>,
+}
+
+impl Jobs {
+    pub fn new(limits: JobLimits) -> Jobs {
+        Jobs {
+            limits,
+            table: Mutex::new(BTreeMap::new()),
+            next: Mutex::new(1),
+        }
+    }
+
+    pub fn limits(&self) -> JobLimits {
+        self.limits
+    }
+
+    /// Registers a new job whose run stops when `parent` is cancelled.
+    pub fn create(
+        &self,
+        env: &str,
+        parent: &CancellationToken,
+    ) -> Result<(Arc<Job>, CancellationToken), JobError> {
+        let mut table = self.table.lock().unwrap();
+        self.forget_old(&mut table);
+        if table.len() >= self.limits.max_jobs {
+            let running = table
+                .values()
+                .filter(|j| j.state() != State::Finished)
+                .count();
+            return Err(JobError::Full {
+                max: self.limits.max_jobs,
+                running,
+            });
+        }
+        let n = {
+            let mut next = self.next.lock().unwrap();
+            let n = *next;
+            *next += 1;
+            n
+        };
+        let cancel = parent.child_token();
+        let job = Arc::new(Job {
+            id: format!("job-{n}"),
+            env: env.to_string(),
+            created: Instant::now(),
+            cancel: cancel.clone(),
+            state: watch::Sender::new(State::Queued),
+            logs: Mutex::new([
+                Log::new(self.limits.output_bytes),
+                Log::new(self.limits.output_bytes),
+            ]),
+            ending: Mutex::new(None),
+        });
+        table.insert(n, job.clone());
+        Ok((job, cancel))
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Job>> {
+        let mut table = self.table.lock().unwrap();
+        self.forget_old(&mut table);
+        let n: u64 = id.strip_prefix("job-")?.parse().ok()?;
+        table.get(&n).cloned()
+    }
+
+    /// Every job, oldest first.
+    pub fn list(&self) -> Vec<Arc<Job>> {
+        let mut table = self.table.lock().unwrap();
+        self.forget_old(&mut table);
+        table.values().cloned().collect()
+    }
+
+    fn forget_old(&self, table: &mut BTreeMap<u64, Arc<Job>>) {
+        let retention = self.limits.retention;
+        table.retain(|_, j| j.finished_since().is_none_or(|at| at.elapsed() < retention));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_keep_the_latest_bytes_with_absolute_offsets() {
+        let mut log = Log::new(10);
+        log.push(b"0123456789");
+        log.push(b"abcde");
+        assert_eq!((log.first, log.end()), (5, 15));
+        let c = log.read(Some(0), 100);
+        assert_eq!(c.lost_bytes, 5);
+        assert_eq!(c.output.text, "56789abcde");
+        assert_eq!(c.next_offset, 15);
+        let c = log.read(None, 100);
+        assert_eq!(c.output.text, "");
+        log.push(b"XY");
+        let c = log.read(None, 100);
+        assert_eq!(
+            (c.output.text.as_str(), c.offset, c.next_offset),
+            ("XY", 15, 17)
+        );
+        let c = log.read(Some(13), 100);
+        assert_eq!(c.output.text, "deXY");
+    }
+
+    #[test]
+    fn large_reads_keep_head_and_tail() {
+        let mut log = Log::new(1000);
+        log.push(&[b'a'; 300]);
+        log.push(&[b'b'; 300]);
+        let c = log.read(None, 100);
+        assert!(c.output.text.starts_with("aaaa") && c.output.text.ends_with("bbbb"));
+        assert_eq!(c.output.dropped_bytes, 500);
+        assert_eq!(c.next_offset, 600);
+    }
+
+    fn limits() -> JobLimits {
+        JobLimits {
+            max_jobs: 2,
+            timeout: Duration::from_secs(60),
+            retention: Duration::from_millis(50),
+            output_bytes: 100,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_table_is_bounded_and_forgets_finished_jobs() {
+        let jobs = Jobs::new(limits());
+        let shutdown = CancellationToken::new();
+        let (a, _) = jobs.create("bash", &shutdown).unwrap();
+        let (_b, _) = jobs.create("bash", &shutdown).unwrap();
+        assert!(matches!(
+            jobs.create("bash", &shutdown),
+            Err(JobError::Full { max: 2, running: 2 })
+        ));
+        assert_eq!(a.id, "job-1");
+        a.finish(Err(ExecError::CancelledWhileQueued));
+        assert!(a.wait(Duration::from_millis(10)).await);
+        assert!(
+            jobs.create("bash", &shutdown).is_err(),
+            "kept while retained"
+        );
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let (c, _) = jobs.create("bash", &shutdown).unwrap();
+        assert_eq!(c.id, "job-3");
+        assert!(jobs.get("job-1").is_none());
+        assert!(jobs.get("job-3").is_some());
+        assert_eq!(jobs.list().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn jobs_stop_with_the_server() {
+        let jobs = Jobs::new(limits());
+        let shutdown = CancellationToken::new();
+        let (_j, cancel) = jobs.create("bash", &shutdown).unwrap();
+        shutdown.cancel();
+        assert!(cancel.is_cancelled());
+    }
+}

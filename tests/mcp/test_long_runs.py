@@ -1,0 +1,186 @@
+"""Long runs through a real MCP client: progress notifications during a run,
+cancellation (the SDK sends notifications/cancelled when a call is cancelled
+or its read timeout passes), and background jobs from start to finish.
+Nothing may be left running afterwards."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import anyio
+import pytest
+
+from harness import call, dump, processes_with, run_async, session, write_config
+
+
+def marker() -> str:
+    return str(uuid.uuid4().int % 10**8)
+
+
+def test_progress_arrives_during_a_five_second_run():
+    updates: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append((progress, total, message))
+
+    async def t():
+        async with session() as s:
+            code = "for i in 1 2 3 4 5; do echo \"step $i\"; sleep 1; done"
+            res = await s.call_tool("run", {"env": "bash", "code": code}, progress_callback=on_progress)
+            assert not res.is_error and res.structured_content["stdout"].endswith("step 5\n")
+    run_async(t)
+    assert len(updates) >= 4, updates
+    progress = [p for p, _, _ in updates]
+    assert progress == sorted(progress) and progress[-1] >= 3, progress
+    assert all(total == 30 for _, total, _ in updates), updates
+    messages = [m for _, _, m in updates]
+    assert any("stdout" in m and "last: step" in m for m in messages), messages
+
+
+def test_cancelling_a_call_kills_its_sandbox_promptly():
+    m = marker()
+    timings: list[float] = []
+
+    async def t():
+        async with session() as s:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, s, "bash", f"setsid sleep {m}.1 & sleep {m}")
+                deadline = time.monotonic() + 5
+                while not processes_with(m) and time.monotonic() < deadline:
+                    await anyio.sleep(0.02)
+                assert processes_with(m), "the run never started"
+                t0 = time.monotonic()
+                tg.cancel_scope.cancel()
+            while processes_with(m) and time.monotonic() - t0 < 5:
+                await anyio.sleep(0.005)
+            timings.append(time.monotonic() - t0)
+            assert processes_with(m) == []
+            sc, _, err = await call(s, "bash", "echo still serving")
+            assert not err and sc["stdout"] == "still serving\n"
+    run_async(t)
+    print(f"cancel to last process gone: {timings[0] * 1000:.0f} ms (target 100 ms)")
+    assert timings[0] < 1.0, timings
+
+
+def test_a_client_read_timeout_cancels_the_run():
+    m = marker()
+
+    async def t():
+        async with session() as s:
+            with pytest.raises(Exception):
+                await s.call_tool("run", {"env": "bash", "code": f"sleep {m}"}, read_timeout_seconds=1)
+            deadline = time.monotonic() + 3
+            while processes_with(m) and time.monotonic() < deadline:
+                await anyio.sleep(0.01)
+            assert processes_with(m) == []
+    run_async(t)
+
+
+def job(s, **args):
+    return s.call_tool("job", args)
+
+
+def test_a_background_job_from_start_to_finish():
+    async def t():
+        async with session() as s:
+            t0 = time.monotonic()
+            sc, text, err = await call(s, "bash", "echo first; sleep 2; echo second >&2; echo third; exit 3", background=True)
+            assert time.monotonic() - t0 < 1.5, "background returns at once"
+            assert not err and sc["ok"] and sc["job"] == "job-1" and sc["state"] in ("queued", "running"), dump(sc)
+            assert 'job(id="job-1"' in text
+
+            seen = ""
+            deadline = time.monotonic() + 5
+            while "first" not in seen and time.monotonic() < deadline:
+                await anyio.sleep(0.1)
+                r = (await job(s, id="job-1")).structured_content
+                seen += r["stdout"]
+            assert r["state"] == "running" and seen == "first\n" and r["stdout_offset"] == 6, dump(r)
+
+            r = await job(s, id="job-1", wait_seconds=10)
+            sc = r.structured_content
+            assert sc["state"] == "finished" and sc["exit_code"] == 3, dump(sc)
+            assert sc["stdout"] == "third\n" and sc["stderr"] == "second\n", "only output new since the last read"
+            assert r.is_error and sc["error"]["code"] == "exit_nonzero"
+
+            sc = (await job(s, id="job-1", stdout_offset=0)).structured_content
+            assert sc["stdout"] == "first\nthird\n", "an offset re-reads"
+
+            listing = (await job(s)).structured_content
+            assert [(j["job"], j["state"], j.get("exit_code")) for j in listing["jobs"]] == [("job-1", "finished", 3)]
+    run_async(t)
+
+
+def test_a_job_can_be_killed_and_leaves_nothing():
+    m = marker()
+
+    async def t():
+        async with session() as s:
+            sc, _, _ = await call(s, "bash", f"setsid sleep {m}.1 & sleep {m}", background=True)
+            deadline = time.monotonic() + 5
+            while not processes_with(m) and time.monotonic() < deadline:
+                await anyio.sleep(0.02)
+            r = await job(s, id=sc["job"], kill=True)
+            assert r.structured_content["state"] == "finished", dump(r.structured_content)
+            assert r.structured_content["error"]["code"] == "cancelled"
+            assert processes_with(m) == []
+    run_async(t)
+
+
+def test_jobs_outlive_the_call_but_not_the_server():
+    m = marker()
+
+    async def t():
+        async with session() as s:
+            await call(s, "bash", f"sleep {m}", background=True)
+            deadline = time.monotonic() + 5
+            while not processes_with(m) and time.monotonic() < deadline:
+                await anyio.sleep(0.02)
+            assert processes_with(m), "the job runs after its call returned"
+    run_async(t)
+    assert processes_with(m) == []
+
+
+def test_jobs_have_their_own_time_limit_and_are_bounded():
+    config = write_config("[server]\nmax_jobs = 2\njob_timeout_seconds = 2\n[defaults]\ntimeout_ms = 500\n")
+
+    async def t():
+        async with session(config=config) as s:
+            a, _, _ = await call(s, "bash", "sleep 1; echo outlived the run limit", background=True)
+            b, _, _ = await call(s, "bash", "sleep 60", background=True)
+            sc, text, err = await call(s, "bash", "true", background=True)
+            assert err and sc["error"]["code"] == "busy" and "2 jobs" in sc["error"]["message"], dump(sc)
+            r = (await job(s, id=a["job"], wait_seconds=5)).structured_content
+            assert r["exit_code"] == 0 and r["stdout"] == "outlived the run limit\n", dump(r)
+            r = (await job(s, id=b["job"], wait_seconds=5)).structured_content
+            assert r["timed_out"] and r["error"]["code"] == "timeout", dump(r)
+    run_async(t)
+
+
+def test_job_errors_say_what_to_do():
+    async def t():
+        async with session() as s:
+            r = await job(s, id="job-99")
+            assert r.is_error and r.structured_content["error"]["code"] == "unknown_job"
+            assert "no jobs" in r.structured_content["error"]["suggestion"].lower()
+            for bad in ({"id": 5}, {"id": "job-1", "wait_seconds": 500}, {"id": "job-1", "stdout_offset": -1}, {"what": 1}):
+                r = await s.call_tool("job", bad)
+                assert r.is_error and r.structured_content["error"]["code"] in ("invalid_input", "unknown_job"), (bad, r.structured_content)
+            listing = (await job(s)).structured_content
+            assert listing == {"ok": True, "jobs": []}
+    run_async(t)
+
+
+def test_waiting_on_a_job_reports_progress():
+    updates: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append(message)
+
+    async def t():
+        async with session() as s:
+            sc, _, _ = await call(s, "bash", "sleep 3", background=True)
+            await s.call_tool("job", {"id": sc["job"], "wait_seconds": 10}, progress_callback=on_progress)
+    run_async(t)
+    assert len(updates) >= 2 and all("job-1" in u for u in updates), updates
