@@ -120,7 +120,8 @@ fn trim_float(v: f64) -> String {
 
 /// Server instructions: how to choose an environment.
 pub fn instructions(envs: &[Arc<Environment>]) -> String {
-    let mut s = String::from("Run code instead of guessing its result. Pick `env` by the code's language");
+    let mut s =
+        String::from("Run code instead of guessing its result. Pick `env` by the code's language");
     if envs.iter().any(|e| e.name == "bash") {
         s.push_str("; bash for shell commands and the project's tools (tests, builds, git)");
     }
