@@ -36,7 +36,7 @@ if command -v nix-build >/dev/null 2>&1; then
   artifacts=$(mktemp -d)
   trap 'rm -rf "$artifacts"' EXIT
   NSM_BIN=$bin nix/tests/build-e2e-artifacts.sh "$artifacts"
-  (cd tests/mcp && NSM_BIN=$bin NSM_MODE=closure NIX_SANDBOX_DIR=$artifacts "$venv/bin/python" -m pytest test_basic.py test_nix.py)
+  (cd tests/mcp && NSM_BIN=$bin NSM_MODE=closure NIX_SANDBOX_DIR=$artifacts "$venv/bin/python" -m pytest test_basic.py test_nix.py test_sessions.py)
 
   step "Nix tier: a devShell captured into a sandbox"
   NSM_BIN=$bin nix/tests/shell-env.sh

@@ -124,14 +124,20 @@ def main() -> None:
     limits_off.close()
     shutil.rmtree(work, ignore_errors=True)
 
+    print_table(rows, list(programs), ["host", "bare bwrap", "MCP run", "MCP run, rlimits only", "CLI run (bin/run)"])
+
+
+def print_table(rows: dict[tuple[str, str], list[float]], programs: list[str], labels: list[str]) -> None:
+    """Median, p95 and the median's ratio to bare bubblewrap, per (program, label)."""
     print(f"{'program':8} {'path':24} {'median ms':>10} {'p95 ms':>8} {'÷ bare bwrap':>13}")
     for name in programs:
         floor = statistics.median(rows[(name, "bare bwrap")])
-        for label in ("host", "bare bwrap", "MCP run", "MCP run, rlimits only", "CLI run (bin/run)"):
+        for label in labels:
             xs = sorted(rows[(name, label)])
             med = statistics.median(xs)
             p95 = xs[min(len(xs) - 1, int(len(xs) * 0.95))]
             print(f"{name:8} {label:24} {med:10.2f} {p95:8.2f} {med / floor:13.2f}")
+
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ use crate::config::{self, Config, ProjectMode};
 use crate::environment::{Environment, InterpreterKind};
 use crate::exec::{Executor, Request};
 use crate::jail::ProjectMount;
+use crate::jobs::JobLimits;
 use crate::limits::Enforcer;
 use crate::platform::{Platform, PlatformError};
 use crate::registry::{self, Prober, Registry, Sources};
+use crate::sessions::SessionLimits;
 
 pub struct App {
     pub config: Config,
@@ -153,6 +155,31 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
 /// (`NIX_SANDBOX_BUILTIN`), in `NIX_SANDBOX_DIR`, and those Nix builds now
 /// (`NIX_SANDBOX_ENVS`, config `flake` entries, `[project] use_flake`), each
 /// build with the configured time limit.
+/// Bounds on background jobs, from `[server]`.
+pub fn job_limits(config: &Config) -> JobLimits {
+    let s = &config.server;
+    JobLimits {
+        max_jobs: s.max_jobs.map_or(8, |p| p.0 as usize),
+        timeout: seconds(s.job_timeout_seconds, 1800),
+        retention: seconds(s.job_retention_seconds, 3600),
+        output_bytes: s.job_output_bytes.map_or(1 << 20, |p| p.0 as usize),
+    }
+}
+
+/// Bounds on sessions, from `[server]`.
+pub fn session_limits(config: &Config) -> SessionLimits {
+    let s = &config.server;
+    SessionLimits {
+        max_sessions: s.max_sessions.map_or(4, |p| p.0 as usize),
+        idle: seconds(s.session_idle_seconds, 600),
+        lifetime: seconds(s.session_max_lifetime_seconds, 3600),
+    }
+}
+
+fn seconds(v: Option<config::Positive>, default: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(v.map_or(default, |p| p.0))
+}
+
 pub async fn environment_sources(config: &Config, project: Option<&ProjectMount>) -> Sources {
     let mut sources = sources_from_env();
     let refs = std::env::var("NIX_SANDBOX_ENVS")

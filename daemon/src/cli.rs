@@ -12,19 +12,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{self, App, StartOptions};
 use crate::exec::{ExecError, LimitKind, Observer, Request, Stream};
-use crate::jobs::{JobLimits, Jobs};
+use crate::jobs::Jobs;
 use crate::registry::artifact;
 use crate::server::{SandboxServer, Shared};
+use crate::sessions::Sessions;
 
 const ABOUT: &str = "Run code from AI agents in bubblewrap sandboxes built from Nix or the host";
 
 const LONG_ABOUT: &str = "\
-nix-sandbox-mcp is a Model Context Protocol (MCP) server with one tool, \
+nix-sandbox-mcp is a Model Context Protocol (MCP) server whose tool is \
 run(code, env). Each environment (bash, python, node, or one built by Nix) \
 runs in a bubblewrap sandbox: new user, pid, ipc, uts, cgroup and network \
 namespaces, no capabilities, a read-only root, the project mounted read-only \
 at /project, a fresh writable /workspace, a seccomp filter, and limits on \
 time, memory, processes, CPU, file size, open files and output.
+
+Calls may name a session to keep interpreter state (variables, the working \
+directory, /workspace) across calls, or run in the background as jobs read \
+with the job tool.
 
 Without a configuration file it serves the host's bash, python3 and node \
 (host mode); with Nix it serves sandbox artifacts built by the flake.";
@@ -218,6 +223,12 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     );
 
     let shutdown = CancellationToken::new();
+    let sessions = Arc::new(Sessions::new(
+        executor.clone(),
+        project.clone(),
+        config.project.inherit_names(),
+        app::session_limits(&config),
+    ));
     let server = SandboxServer::new(Shared {
         registry,
         executor: executor.clone(),
@@ -225,8 +236,10 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         inherit_env: config.project.inherit_names(),
         shutdown: shutdown.clone(),
         audit,
-        jobs: Jobs::new(job_limits(&config)),
+        jobs: Jobs::new(app::job_limits(&config)),
+        sessions: sessions.clone(),
     });
+    let reaper = tokio::spawn(sessions.clone().reap_forever());
     let service = match server.serve(rmcp::transport::stdio_pipes()).await {
         Ok(s) => s,
         Err(e) => return fail(format!("MCP initialization failed: {e}")),
@@ -240,21 +253,10 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     };
     tracing::info!("shutting down ({quit}); killing runs in flight");
     shutdown.cancel();
+    reaper.abort();
+    sessions.close_all().await;
     executor.shutdown().await;
     ExitCode::SUCCESS
-}
-
-fn job_limits(config: &crate::config::Config) -> JobLimits {
-    let s = &config.server;
-    let seconds = |v: Option<crate::config::Positive>, default: u64| {
-        std::time::Duration::from_secs(v.map_or(default, |p| p.0))
-    };
-    JobLimits {
-        max_jobs: s.max_jobs.map_or(8, |p| p.0 as usize),
-        timeout: seconds(s.job_timeout_seconds, 1800),
-        retention: seconds(s.job_retention_seconds, 3600),
-        output_bytes: s.job_output_bytes.map_or(1 << 20, |p| p.0 as usize),
-    }
 }
 
 /// Echoes a run's output to the terminal as it arrives.

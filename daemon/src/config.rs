@@ -45,6 +45,12 @@ pub struct ServerSettings {
     pub job_retention_seconds: Option<Positive>,
     /// Bytes of each output stream a job keeps (the latest).
     pub job_output_bytes: Option<Positive>,
+    /// Sessions (run with `session`) open at once.
+    pub max_sessions: Option<Positive>,
+    /// A session unused this long is closed.
+    pub session_idle_seconds: Option<Positive>,
+    /// A session is closed this long after it started, used or not.
+    pub session_max_lifetime_seconds: Option<Positive>,
 }
 
 /// Resource limits and output caps; every field optional so that layers
@@ -745,6 +751,9 @@ file_name = "main.rb"
             "job_timeout_seconds",
             "job_retention_seconds",
             "job_output_bytes",
+            "max_sessions",
+            "session_idle_seconds",
+            "session_max_lifetime_seconds",
             "audit_log",
             "audit_log_code",
             "audit_log_output",

@@ -176,6 +176,8 @@ struct Recipe {
     inherited: Vec<(String, String)>,
     rlimits: Vec<Rlimit>,
     programs: Arc<Programs>,
+    /// Where the code file appears in the sandbox.
+    code_path: String,
 }
 
 #[derive(Debug, Default)]
@@ -241,9 +243,14 @@ impl Executor {
                 let _runtime = handle.enter();
                 for recipe in rx {
                     let Some(inner) = weak.upgrade() else { break };
-                    let prepared = inner.spawn(&recipe).and_then(|s| s.set_up(&recipe));
+                    let prepared = inner
+                        .spawn(&recipe, Vec::new())
+                        .and_then(|s| s.set_up(&recipe));
                     let mut ready = inner.ready.lock().unwrap();
-                    let r = ready.entry(recipe.key.clone()).or_default();
+                    // Gone when the executor shut down meanwhile: the sandbox is dropped (killed).
+                    let Some(r) = ready.get_mut(&recipe.key) else {
+                        continue;
+                    };
                     r.starting -= 1;
                     match prepared {
                         Ok(p) => r.sandboxes.push(p),
@@ -304,6 +311,17 @@ impl Executor {
         project: Option<&ProjectMount>,
         inherited: &[(String, String)],
     ) -> Result<Recipe, ExecError> {
+        self.recipe_at(env, project, inherited, env.code_path())
+    }
+
+    /// A recipe whose code file appears at `code_path` in the sandbox.
+    fn recipe_at(
+        &self,
+        env: &Environment,
+        project: Option<&ProjectMount>,
+        inherited: &[(String, String)],
+        code_path: String,
+    ) -> Result<Recipe, ExecError> {
         let programs = self
             .seccomp_for(env)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
@@ -311,7 +329,7 @@ impl Executor {
         let template = Call {
             env,
             project,
-            code_file: Some(Path::new("/code")),
+            code_file: Some((Path::new("/code"), &code_path)),
             block_fd: Some(0),
             seccomp_fds: vec![0, 0],
             status_fd: Some(0),
@@ -320,7 +338,7 @@ impl Executor {
         Ok(Recipe {
             key: RecipeKey {
                 options: nul_separated(jail::bwrap_options(&self.inner.platform.layout, &template)),
-                command: env.command_for(&env.code_path()),
+                command: env.command_for(&code_path),
                 seccomp_allow: env.seccomp_allow.clone(),
                 rlimits: rlimits
                     .iter()
@@ -334,6 +352,7 @@ impl Executor {
             inherited: inherited.to_vec(),
             rlimits,
             programs,
+            code_path,
         })
     }
 
@@ -466,15 +485,65 @@ impl Executor {
                 return Ok(p);
             }
         }
+        self.prepare_now(recipe, Vec::new()).await
+    }
+
+    /// Sets a sandbox up for `recipe` now, giving bubblewrap `extra`
+    /// descriptors to pass on to the command.
+    async fn prepare_now(
+        &self,
+        recipe: &Arc<Recipe>,
+        extra: Vec<OwnedFd>,
+    ) -> Result<Prepared, ExecError> {
         let spawned = self
             .inner
-            .spawn(recipe)
+            .spawn(recipe, extra)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
         let recipe = recipe.clone();
         tokio::task::spawn_blocking(move || spawned.set_up(&recipe))
             .await
             .map_err(|e| ExecError::Spawn(e.to_string()))?
             .map_err(|e| ExecError::Spawn(e.to_string()))
+    }
+
+    /// Starts a sandbox whose program keeps running (a session's agent):
+    /// `program` is its code file, `args` follow the interpreter's command,
+    /// and `fds` are passed to it at their current numbers. The caller owns
+    /// its output and its lifetime; it counts against no run slot.
+    pub async fn start_live(&self, req: LiveRequest<'_>) -> Result<LiveSandbox, ExecError> {
+        // The program stays out of /workspace, which belongs to the code it runs.
+        let at = format!("/run/nsm/{}", req.env.file_name);
+        let mut recipe = self.recipe_at(req.env, req.project, req.inherited, at)?;
+        recipe.key.command.extend(req.args);
+        let Prepared {
+            mut child,
+            lease,
+            code,
+            block,
+            status,
+        } = self.prepare_now(&Arc::new(recipe), req.fds).await?;
+        let code = write_code(code, req.program)
+            .map_err(|e| ExecError::Spawn(format!("program file: {e}")))?;
+        let _ = rustix::io::write(&block, b"x");
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        Ok(LiveSandbox {
+            child,
+            lease,
+            status: Status::new(status),
+            _program: code,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        })
+    }
+
+    /// Waits for a run slot (see `max_concurrent_runs`), or fails at once
+    /// with `Busy` when too many calls already wait.
+    pub async fn slot(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
+        self.admit(cancel).await
     }
 
     /// Tops up, in the background, the prepared sandboxes for `recipe` if it
@@ -538,6 +607,52 @@ impl Executor {
             p = a.slots.clone().acquire_owned() => Ok(p.expect("semaphore never closed")),
             _ = cancel.cancelled() => Err(ExecError::CancelledWhileQueued),
         }
+    }
+}
+
+/// What [`Executor::start_live`] needs.
+pub struct LiveRequest<'a> {
+    pub env: &'a Environment,
+    pub project: Option<&'a ProjectMount>,
+    pub inherited: &'a [(String, String)],
+    pub program: &'a [u8],
+    pub args: Vec<String>,
+    pub fds: Vec<OwnedFd>,
+}
+
+/// A sandbox whose program keeps running. Dropping it kills it.
+#[derive(Debug)]
+pub struct LiveSandbox {
+    child: Bwrap,
+    lease: Lease,
+    status: Status,
+    _program: tempfile::NamedTempFile,
+    stdout: Option<tokio::process::ChildStdout>,
+    stderr: Option<tokio::process::ChildStderr>,
+}
+
+impl LiveSandbox {
+    /// The program's output pipes (once).
+    pub fn take_output(
+        &mut self,
+    ) -> Option<(tokio::process::ChildStdout, tokio::process::ChildStderr)> {
+        self.stdout.take().zip(self.stderr.take())
+    }
+
+    /// Waits for the sandbox to end by itself (cancel-safe).
+    pub async fn exited(&mut self) -> (Option<i32>, Option<i32>) {
+        interpret(self.child.wait().await.ok())
+    }
+
+    /// Limits that fired since the last call of this (memory, processes).
+    pub fn fired(&mut self) -> Fired {
+        self.lease.check()
+    }
+
+    /// Kills the whole sandbox and waits until nothing of it is left.
+    pub async fn kill(mut self) -> Fired {
+        kill_sandbox(&mut self.child, &mut self.status, &self.lease).await;
+        self.lease.check()
     }
 }
 
@@ -616,7 +731,7 @@ impl Inner {
     /// Starts bubblewrap for `recipe` with its rlimits and its descriptors;
     /// it waits for its options on a pipe. Fast (one fork and exec); must run
     /// inside the tokio runtime, on a thread that outlives the sandbox.
-    fn spawn(&self, recipe: &Recipe) -> std::io::Result<Spawned> {
+    fn spawn(&self, recipe: &Recipe, extra: Vec<OwnedFd>) -> std::io::Result<Spawned> {
         let lease = self.enforcer.reserve()?;
         let pipe = || {
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from)
@@ -631,7 +746,7 @@ impl Inner {
         let call = Call {
             env: &recipe.env,
             project: recipe.project.as_ref(),
-            code_file: Some(code.path()),
+            code_file: Some((code.path(), &recipe.code_path)),
             block_fd: Some(block_r.as_raw_fd()),
             seccomp_fds: vec![sc0_r.as_raw_fd(), sc1_r.as_raw_fd()],
             status_fd: Some(status_w.as_raw_fd()),
@@ -646,7 +761,12 @@ impl Inner {
                 .map(|r| rustix::process::getrlimit(r.resource).maximum)
                 .collect(),
             rlimits: recipe.rlimits.clone(),
-            inherit: Arc::new(vec![options_r, sc0_r, sc1_r, status_w, block_r]),
+            inherit: Arc::new(
+                [options_r, sc0_r, sc1_r, status_w, block_r]
+                    .into_iter()
+                    .chain(extra)
+                    .collect(),
+            ),
             run_as: self.platform.run_as,
         };
         let mut cmd = tokio::process::Command::new(&self.platform.bwrap);
@@ -784,7 +904,7 @@ fn nul_separated(args: Vec<OsString>) -> Vec<u8> {
 }
 
 /// Decides which limit ended the run from what we saw and what the kernel counted.
-fn attribute_limits(o: &mut Outcome, ours: Option<LimitKind>, fired: Fired) {
+pub(crate) fn attribute_limits(o: &mut Outcome, ours: Option<LimitKind>, fired: Fired) {
     let mut reached = Vec::new();
     reached.extend(ours);
     if fired.memory {
@@ -828,6 +948,7 @@ fn interpret(status: Option<ExitStatus>) -> (Option<i32>, Option<i32>) {
 }
 
 /// bubblewrap's JSON status (`--json-status-fd`), read as it arrives.
+#[derive(Debug)]
 struct Status {
     fd: OwnedFd,
     text: String,

@@ -53,10 +53,10 @@ pub struct ProjectMount {
 pub struct Call<'a> {
     pub env: &'a Environment,
     pub project: Option<&'a ProjectMount>,
-    /// Host file holding the code, mounted read-only at the environment's
-    /// code path; `None` when the command needs no code file (sessions). The
-    /// daemon writes the code into it when the call arrives.
-    pub code_file: Option<&'a Path>,
+    /// Host file holding the code and where it appears in the sandbox
+    /// (read-only): the environment's code path for a run, elsewhere for a
+    /// session's agent. The daemon writes the code into it when the call arrives.
+    pub code_file: Option<(&'a Path, &'a str)>,
     /// bubblewrap waits on this descriptor, with the sandbox fully set up,
     /// before it starts the command.
     pub block_fd: Option<RawFd>,
@@ -171,8 +171,8 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         );
     }
 
-    if let Some(file) = call.code_file {
-        a.bind_ro(file, Path::new(&env.code_path()));
+    if let Some((file, at)) = call.code_file {
+        a.bind_ro(file, Path::new(at));
     }
     if layout.add_seccomp_fd {
         for fd in &call.seccomp_fds {
@@ -269,7 +269,7 @@ mod tests {
         let call = Call {
             env,
             project,
-            code_file: Some(Path::new("/run/nsm/code/1")),
+            code_file: Some((Path::new("/run/nsm/code/1"), "/workspace/.main.py")),
             block_fd: Some(11),
             seccomp_fds: vec![8, 9],
             status_fd: Some(10),

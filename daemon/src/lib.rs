@@ -5,7 +5,7 @@
 //! (environments by name), `jail` (environment + call → bwrap argv), `exec`
 //! (one run's lifecycle), `limits` (cgroups and rlimits), `seccomp` (the
 //! syscall filter), `platform` (what the host offers), `server` (the MCP
-//! surface), `app` (start-up wiring), `doctor` (diagnostics), `audit` (the run log), `jobs` (background runs).
+//! surface), `app` (start-up wiring), `doctor` (diagnostics), `audit` (the run log), `jobs` (background runs), `sessions` (state across calls).
 
 pub mod app;
 pub mod audit;
@@ -22,3 +22,4 @@ pub mod platform;
 pub mod registry;
 pub mod seccomp;
 pub mod server;
+pub mod sessions;

@@ -283,19 +283,33 @@ impl Lease {
         }
     }
 
+    /// Limits that fired since `apply` or the last check (for a group that
+    /// serves several runs, as a session's does).
+    pub fn check(&mut self) -> Fired {
+        let Some(c) = &mut self.cgroup else {
+            return Fired::default();
+        };
+        let Some(g) = &c.group else {
+            return Fired::default();
+        };
+        let now = c.pool.counters(g);
+        let fired = Fired {
+            memory: now.oom_kills > c.before.oom_kills,
+            pids: now.pids_max_hits > c.before.pids_max_hits,
+        };
+        c.before = now;
+        fired
+    }
+
     /// Ends the run: reports which limits fired and returns the group to the pool
     /// once it is empty.
     pub fn finish(mut self) -> Fired {
-        let Some(mut c) = self.cgroup.take() else {
-            return Fired::default();
-        };
-        let group = c.group.take().expect("group present until finish");
-        let after = c.pool.counters(&group);
-        let fired = Fired {
-            memory: after.oom_kills > c.before.oom_kills,
-            pids: after.pids_max_hits > c.before.pids_max_hits,
-        };
-        c.pool.recycle(group);
+        let fired = self.check();
+        if let Some(mut c) = self.cgroup.take()
+            && let Some(group) = c.group.take()
+        {
+            c.pool.recycle(group);
+        }
         fired
     }
 }

@@ -1,8 +1,11 @@
 """A minimal MCP client over stdio (Python standard library only), used by the
 NixOS VM test, where the official SDK is not at hand.
 
-    mcp_client.py list               print the result of tools/list
-    mcp_client.py run ENV CODE       print the result of tools/call run
+    mcp_client.py list                      print the result of tools/list
+    mcp_client.py run ENV CODE              print the result of tools/call run
+    mcp_client.py session ENV CODE...       run each CODE in one session and
+                                            print the list of results
+
 
 Each invocation starts the server (`nix-sandbox-mcp --stdio`, or the command
 in $MCP_SERVER), initializes a session, makes one request, and prints its
@@ -72,6 +75,14 @@ def main(args):
                 "tools/call",
                 {"name": "run", "arguments": {"env": args[1], "code": args[2]}},
             )
+        elif args[:1] == ["session"] and len(args) >= 3:
+            result = [
+                session.request(
+                    "tools/call",
+                    {"name": "run", "arguments": {"env": args[1], "code": code, "session": "vm"}},
+                )
+                for code in args[2:]
+            ]
         else:
             sys.exit(__doc__)
     finally:

@@ -59,7 +59,7 @@ pkgs.testers.runNixOSTest {
 
     with subtest("the run tool offers the configured environments"):
         tools = mcp("list")["tools"]
-        assert [t["name"] for t in tools] == ["run"], tools
+        assert [t["name"] for t in tools] == ["run", "job"], tools
         envs = sorted(tools[0]["inputSchema"]["properties"]["env"]["enum"])
         assert envs == ["bash", "node", "python", "slow"], envs
 
@@ -91,6 +91,15 @@ pkgs.testers.runNixOSTest {
         # ...but not from inside, neither on its address nor on loopback.
         r = run("python", probe)
         assert r["ok"] and r["stdout"] == "127.0.0.1 unreachable\n%s unreachable\n" % address, r
+
+    with subtest("a session keeps state between calls"):
+        results = [c["structuredContent"] for c in mcp("session", "python", "import json\nx = 41", "print(json.dumps(x + 1))")]
+        assert results[1]["ok"] and results[1]["stdout"] == "42\n", results
+        assert results[1]["session"] == {"name": "vm", "state": "continued"}, results
+        results = [c["structuredContent"] for c in mcp("session", "node", "var n = 1", "console.log(n + 1)")]
+        assert results[1]["stdout"] == "2\n", results
+        results = [c["structuredContent"] for c in mcp("session", "bash", "cd /tmp && v=1", "echo $v $PWD")]
+        assert results[1]["stdout"] == "1 /tmp\n", results
 
     with subtest("a run past its time limit is killed"):
         result = mcp("run", "slow", "sleep 30")

@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import pathlib
+import select
+import subprocess
 import tempfile
 from typing import Any, AsyncIterator
 
@@ -119,3 +121,31 @@ def write_config(text: str) -> str:
 
 def dump(v: Any) -> str:
     return json.dumps(v, indent=1)[:4000]
+
+
+class RawServer:
+    """The server driven with hand-written JSON-RPC lines."""
+
+    def __init__(self, config: str | None = None) -> None:
+        p = server_params(config=config)
+        self.proc = subprocess.Popen([p.command, *p.args], env={**os.environ, **(p.env or {})}, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                   "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        assert self.recv()["result"]["protocolVersion"] == "2025-11-25"
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, msg) -> None:
+        line = msg if isinstance(msg, (bytes, str)) else json.dumps(msg)
+        self.proc.stdin.write(line.encode() if isinstance(line, str) else line)
+        self.proc.stdin.write(b"\n")
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float = 10) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, "no answer from the server"
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()

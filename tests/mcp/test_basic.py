@@ -17,7 +17,6 @@ ENVS = ("bash", "node", "python")
 
 def test_initialize_negotiates_2025_11_25_and_lists_every_env():
     async def t():
-        from mcp.client.session import ClientSession  # noqa: F401
         async with session() as s:
             assert s.protocol_version == "2025-11-25"
             assert "env" in (s.instructions or "")

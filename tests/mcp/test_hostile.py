@@ -5,18 +5,13 @@ are counted before and after: none may be left over."""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import select
 import socket
-import subprocess
-import tempfile
 import time
 import uuid
 
 import anyio
 
-from harness import call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, server_params, session, write_config
+from harness import RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session, write_config
 
 LIMITS = write_config(
     "[defaults]\ntimeout_ms = 4000\nmemory_mb = 128\npids = 64\nworkspace_mb = 16\noutput_limit_mb = 64\n"
@@ -253,34 +248,6 @@ def test_ten_megabyte_payload():
             sc, _, err = await call(s, "python", code)
             assert not err and int(sc["stdout"]) > 100_000, dump(sc)
     run_async(t)
-
-
-class RawServer:
-    """The server driven with hand-written JSON-RPC lines."""
-
-    def __init__(self) -> None:
-        p = server_params()
-        self.proc = subprocess.Popen([p.command, *p.args], env={**os.environ, **(p.env or {})}, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                   "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
-        assert self.recv()["result"]["protocolVersion"] == "2025-11-25"
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def send(self, msg) -> None:
-        line = msg if isinstance(msg, (bytes, str)) else json.dumps(msg)
-        self.proc.stdin.write(line.encode() if isinstance(line, str) else line)
-        self.proc.stdin.write(b"\n")
-        self.proc.stdin.flush()
-
-    def recv(self, timeout: float = 10) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, "no answer from the server"
-        return json.loads(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 def test_malformed_json_rpc_unknown_methods_and_wrong_types_are_survived():

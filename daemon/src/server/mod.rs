@@ -23,6 +23,7 @@ use crate::exec::{ExecError, Executor, Observer, Outcome, Request};
 use crate::jail::ProjectMount;
 use crate::jobs::Jobs;
 use crate::registry::Registry;
+use crate::sessions::{SessionError, SessionOutcome, Sessions, Start};
 
 mod progress;
 pub mod result;
@@ -46,6 +47,7 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     pub audit: Option<Arc<AuditLog>>,
     pub jobs: Jobs,
+    pub sessions: Arc<Sessions>,
 }
 
 #[derive(Clone)]
@@ -125,7 +127,7 @@ impl SandboxServer {
         progress: Option<Progress>,
     ) -> CallToolResult {
         let result = async {
-            let args = Arguments::new(args, tool::RUN, &["code", "env", "background"], RUN_SHAPE)?;
+            let args = Arguments::new(args, tool::RUN, &["code", "env", "session", "background"], RUN_SHAPE)?;
             let env_name = args.string("env")?.ok_or_else(|| {
                 ToolError::new(
                     ErrorCode::InvalidInput,
@@ -144,20 +146,26 @@ impl SandboxServer {
                 ));
             }
             let env = self.environment(env_name.trim())?.clone();
-            if args.bool("background")?.unwrap_or(false) {
-                self.start_job(env, code)
-            } else {
-                Ok(self.run_now(&env, &code, cancel, progress).await)
+            let session = args.string("session")?;
+            if let Some(name) = &session {
+                check_session_name(name).map_err(|m| args.invalid(&m))?;
+            }
+            match (args.bool("background")?.unwrap_or(false), session) {
+                (true, Some(_)) => Err(args.invalid("`session` and `background` cannot be combined: a session runs one call at a time, in the foreground")),
+                (true, None) => self.start_job(env, code),
+                (false, session) => Ok(self.run_now(&env, &code, session.as_deref(), cancel, progress).await),
             }
         }
         .await;
         result.unwrap_or_else(|e| result::error_result(&e))
     }
 
+    /// Runs `code` and waits for it, in a fresh sandbox or in a session.
     async fn run_now(
         &self,
         env: &Arc<Environment>,
         code: &str,
+        session: Option<&str>,
         request_cancel: CancellationToken,
         progress: Option<Progress>,
     ) -> CallToolResult {
@@ -173,26 +181,109 @@ impl SandboxServer {
                 limit,
             )
         });
-        let outcome = self
-            .shared
-            .executor
-            .run(Request {
-                env,
-                code: code.as_bytes(),
-                project: self.shared.project.as_ref(),
-                inherited: crate::config::read_inherited(&self.shared.inherit_env),
-                cancel: cancel.clone(),
-                observer: Some(live),
-            })
-            .await;
+        let outcome = match session {
+            None => self
+                .shared
+                .executor
+                .run(Request {
+                    env,
+                    code: code.as_bytes(),
+                    project: self.shared.project.as_ref(),
+                    inherited: crate::config::read_inherited(&self.shared.inherit_env),
+                    cancel: cancel.clone(),
+                    observer: Some(live),
+                })
+                .await
+                .map(|o| (o, None))
+                .map_err(|e| exec_error(&e)),
+            Some(name) => self
+                .shared
+                .sessions
+                .call(name, env, code.as_bytes(), &cancel, Some(live))
+                .await
+                .map(|s| {
+                    let SessionOutcome {
+                        outcome,
+                        start,
+                        reset,
+                    } = s;
+                    (outcome, Some((start, reset)))
+                })
+                .map_err(|e| self.session_error(name, env, e)),
+        };
         if let Some(r) = reporter {
             r.abort();
         }
         cancel.cancel();
-        self.audit(env, code, "run", &outcome);
+        let kind = if session.is_some() { "session" } else { "run" };
+        self.audit(env, code, kind, outcome.as_ref().map(|(o, _)| o));
         match &outcome {
-            Ok(o) => result::run_result(&env.name, o, &env.limits),
-            Err(e) => result::error_result(&exec_error(e)),
+            Ok((o, None)) => result::run_result(&env.name, o, &env.limits, None),
+            Ok((o, Some((start, reset)))) => {
+                let (state, restarted_because) = match start {
+                    Start::New => ("new", None),
+                    Start::Continued => ("continued", None),
+                    Start::Restarted(why) => ("restarted", Some(why.as_str())),
+                };
+                let reset = reset.as_ref().map(|r| r.describe());
+                let note = result::SessionNote {
+                    name: session.unwrap_or_default(),
+                    state,
+                    restarted_because,
+                    reset: reset.as_deref(),
+                };
+                result::run_result(&env.name, o, &env.limits, Some(&note))
+            }
+            Err(e) => result::error_result(e),
+        }
+    }
+
+    /// The error a model can act on for a session that cannot take the call.
+    fn session_error(&self, name: &str, env: &Environment, e: SessionError) -> ToolError {
+        let message = e.to_string();
+        match e {
+            SessionError::Unsupported(_) => {
+                let capable: Vec<&str> = self
+                    .shared
+                    .registry
+                    .iter()
+                    .filter(|e| e.kind.is_some())
+                    .map(|e| e.name.as_str())
+                    .collect();
+                ToolError::new(
+                    ErrorCode::InvalidInput,
+                    message,
+                    if capable.is_empty() {
+                        "Run without `session`.".to_string()
+                    } else {
+                        format!(
+                            "Run without `session`, or use a session with env {}.",
+                            capable.join(", ")
+                        )
+                    },
+                )
+            }
+            SessionError::OtherEnv { env: owner, .. } => ToolError::new(
+                ErrorCode::SessionMismatch,
+                message,
+                format!(
+                    "Use env {owner} with session {name:?}, or give the {} session another name.",
+                    env.name
+                ),
+            ),
+            SessionError::Gone { .. } => ToolError::new(
+                ErrorCode::SessionExpired,
+                message,
+                format!(
+                    "Call again with session {name:?} to start a fresh one (redo the setup it needs), or use a new name."
+                ),
+            ),
+            SessionError::Full { .. } => ToolError::new(
+                ErrorCode::Busy,
+                message,
+                "Retry when a call in one of them has finished, or run without `session`.",
+            ),
+            SessionError::Exec(e) => exec_error(&e),
         }
     }
 
@@ -220,7 +311,10 @@ impl SandboxServer {
                     observer: Some(observer),
                 })
                 .await;
-            server.audit(&job_env, &code, "job", &outcome);
+            match &outcome {
+                Ok(o) => server.audit(&job_env, &code, "job", Ok(o)),
+                Err(e) => server.audit(&job_env, &code, "job", Err(&exec_error(e))),
+            }
             task_job.finish(outcome);
         });
         Ok(result::job_started(&job, jobs.limits().timeout))
@@ -312,26 +406,37 @@ impl SandboxServer {
         env: &Environment,
         code: &str,
         kind: &str,
-        outcome: &Result<Outcome, ExecError>,
+        outcome: Result<&Outcome, &ToolError>,
     ) {
         let Some(log) = &self.shared.audit else {
             return;
         };
-        let error = match outcome {
+        let error = match &outcome {
             Ok(o) => result::run_error(o, &env.limits).map(|e| e.code.as_str()),
-            Err(e) => Some(exec_error(e).code.as_str()),
+            Err(e) => Some(e.code.as_str()),
         };
         log.record(&audit::Entry {
             env,
             code: code.as_bytes(),
             kind,
-            outcome: outcome.as_ref().ok(),
+            outcome: outcome.ok(),
             error,
         });
     }
 }
 
-const RUN_SHAPE: &str = "Call run with {\"env\": <name>, \"code\": <program text>}, and \"background\": true to start a job.";
+const RUN_SHAPE: &str = "Call run with {\"env\": <name>, \"code\": <program text>}; add \"session\": <name> to keep state between calls, or \"background\": true to start a job.";
+
+/// Session names: short, and safe to show and log.
+fn check_session_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    if name.is_empty() || name.len() > 64 || !name.chars().all(ok_char) {
+        return Err(format!(
+            "`session` must be 1 to 64 letters, digits, '.', '_' or '-', not {name:?}"
+        ));
+    }
+    Ok(())
+}
 const JOB_SHAPE: &str = "Call job with no arguments to list jobs, or {\"id\": \"job-1\", \"wait_seconds\": 30} to wait for one and read its new output.";
 
 /// A tool's arguments, with typed accessors whose errors say how to call it.

@@ -23,6 +23,8 @@ pub enum ErrorCode {
     Cancelled,
     UnknownEnv,
     UnknownJob,
+    SessionExpired,
+    SessionMismatch,
     InvalidInput,
     Busy,
     SandboxUnavailable,
@@ -43,6 +45,8 @@ impl ErrorCode {
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::UnknownEnv => "unknown_env",
             ErrorCode::UnknownJob => "unknown_job",
+            ErrorCode::SessionExpired => "session_expired",
+            ErrorCode::SessionMismatch => "session_mismatch",
             ErrorCode::InvalidInput => "invalid_input",
             ErrorCode::Busy => "busy",
             ErrorCode::SandboxUnavailable => "sandbox_unavailable",
@@ -107,6 +111,7 @@ pub fn output_schema() -> Map<String, Value> {
             "stdout_dropped_bytes": t("integer"),
             "stderr_dropped_bytes": t("integer"),
             "job": t("string"),
+            "session": t("object"),
             "error": t("object")
         },
         "required": ["ok"]
@@ -218,8 +223,37 @@ pub fn run_error(o: &Outcome, limits: &Limits) -> Option<ToolError> {
     }
 }
 
-/// The result of a finished run.
-pub fn run_result(env: &str, o: &Outcome, limits: &Limits) -> CallToolResult {
+/// What a run in a session did to the session, for its result.
+pub struct SessionNote<'a> {
+    pub name: &'a str,
+    /// "new", "continued" or "restarted".
+    pub state: &'static str,
+    /// Why it was restarted (what ended the previous one).
+    pub restarted_because: Option<&'a str>,
+    /// What this run did to it, when it lost state.
+    pub reset: Option<&'a str>,
+}
+
+impl SessionNote<'_> {
+    fn to_json(&self) -> Value {
+        let mut v = json!({"name": self.name, "state": self.state});
+        if let Some(why) = self.restarted_because {
+            v["restarted_because"] = json!(why);
+        }
+        if let Some(why) = self.reset {
+            v["reset"] = json!(why);
+        }
+        v
+    }
+}
+
+/// The result of a finished run (in a session when `session` is given).
+pub fn run_result(
+    env: &str,
+    o: &Outcome,
+    limits: &Limits,
+    session: Option<&SessionNote>,
+) -> CallToolResult {
     let err = run_error(o, limits);
     let mut v = json!({
         "ok": err.is_none(),
@@ -244,7 +278,10 @@ pub fn run_result(env: &str, o: &Outcome, limits: &Limits) -> CallToolResult {
     if let Some(e) = &err {
         v["error"] = e.to_json();
     }
-    let text = run_text(env, o, err.as_ref());
+    if let Some(s) = session {
+        v["session"] = s.to_json();
+    }
+    let text = run_text(env, o, err.as_ref(), session);
     let mut r = match err {
         Some(_) => CallToolResult::structured_error(v),
         None => CallToolResult::structured(v),
@@ -253,7 +290,12 @@ pub fn run_result(env: &str, o: &Outcome, limits: &Limits) -> CallToolResult {
     r
 }
 
-fn run_text(env: &str, o: &Outcome, err: Option<&ToolError>) -> String {
+fn run_text(
+    env: &str,
+    o: &Outcome,
+    err: Option<&ToolError>,
+    session: Option<&SessionNote>,
+) -> String {
     let status = match (o.exit_code, o.signal) {
         _ if o.timed_out => "timed out".to_string(),
         _ if o.cancelled => "cancelled".to_string(),
@@ -261,7 +303,20 @@ fn run_text(env: &str, o: &Outcome, err: Option<&ToolError>) -> String {
         (Some(c), None) => format!("exit {c}"),
         (None, None) => "no exit status".to_string(),
     };
-    let mut t = format!("[{env}] {status} in {} ms\n", o.duration.as_millis());
+    let mut t = match session {
+        Some(s) => format!(
+            "[{env}, session {} {}] {status} in {} ms\n",
+            s.name,
+            s.state,
+            o.duration.as_millis()
+        ),
+        None => format!("[{env}] {status} in {} ms\n", o.duration.as_millis()),
+    };
+    if let Some(why) = session.and_then(|s| s.restarted_because) {
+        t.push_str(&format!(
+            "(a fresh session: the previous one ended because {why})\n"
+        ));
+    }
     for (name, c) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
         if c.total_bytes > 0 {
             t.push_str(&format!("--- {name} ---\n{}", c.text));
@@ -272,6 +327,9 @@ fn run_text(env: &str, o: &Outcome, err: Option<&ToolError>) -> String {
     }
     if o.stdout.total_bytes == 0 && o.stderr.total_bytes == 0 {
         t.push_str("(no output)\n");
+    }
+    if let Some(why) = session.and_then(|s| s.reset) {
+        t.push_str(&format!("session: {why}\n"));
     }
     if let Some(e) = err {
         t.push_str(&e.to_text());
@@ -490,7 +548,7 @@ mod tests {
     #[test]
     fn success_is_not_an_error_and_matches_schema_shape() {
         let l = Limits::resolve(Default::default());
-        let r = run_result("python", &outcome(Some(0), None, None), &l);
+        let r = run_result("python", &outcome(Some(0), None, None), &l, None);
         assert_eq!(r.is_error, Some(false));
         let s = structured(&r);
         assert_eq!(s["ok"], true);
@@ -508,7 +566,7 @@ mod tests {
     #[test]
     fn nonzero_exit_is_an_error_with_code() {
         let l = Limits::resolve(Default::default());
-        let r = run_result("bash", &outcome(Some(3), None, None), &l);
+        let r = run_result("bash", &outcome(Some(3), None, None), &l, None);
         assert_eq!(r.is_error, Some(true));
         assert_eq!(structured(&r)["error"]["code"], "exit_nonzero");
         let text = match &r.content[0] {
@@ -531,7 +589,7 @@ mod tests {
             (LimitKind::Output, "output_limit"),
             (LimitKind::FileSize, "file_size_limit"),
         ] {
-            let r = run_result("x", &outcome(None, Some(9), Some(limit)), &l);
+            let r = run_result("x", &outcome(None, Some(9), Some(limit)), &l, None);
             assert_eq!(structured(&r)["error"]["code"], code);
             assert_eq!(structured(&r)["limit"], limit.as_str());
         }

@@ -20,7 +20,7 @@ pub fn run_tool(
     output_bytes: usize,
 ) -> Tool {
     let names: Vec<&str> = envs.iter().map(|e| e.name.as_str()).collect();
-    let input = json!({
+    let mut input = json!({
         "type": "object",
         "properties": {
             "code": {"type": "string"},
@@ -29,6 +29,10 @@ pub fn run_tool(
         },
         "required": ["code", "env"]
     });
+    if has_sessions(envs) {
+        input["properties"]["session"] =
+            json!({"type": "string", "description": "Keep state across calls under this name"});
+    }
     let any_network = envs.iter().any(|e| e.network);
     Tool::new(
         RUN,
@@ -60,6 +64,7 @@ fn description(
         .map(|e| timeout(e))
         .filter(|t| envs.iter().all(|e| timeout(e) == *t));
     let mut d = String::from("Run code in a fresh, isolated sandbox. Envs:\n");
+    let sessions = has_sessions(envs);
     for e in envs {
         let mut notes = Vec::new();
         if common_timeout.is_none() {
@@ -89,8 +94,18 @@ fn description(
         Some(p) => d.push_str(&format!("Project: {} (read-only). ", p.mount_point)),
         None => {}
     }
-    d.push_str(&format!("Writable: /workspace (cwd, HOME; empty each call). Output over {} KiB per stream is cut in the middle.", output_bytes / 1024));
+    let fresh = if sessions {
+        "empty each call unless session"
+    } else {
+        "empty each call"
+    };
+    d.push_str(&format!("Writable: /workspace (cwd, HOME; {fresh}). Output over {} KiB per stream is cut in the middle.", output_bytes / 1024));
     d
+}
+
+/// Whether any environment can hold a session (has a known interpreter).
+fn has_sessions(envs: &[Arc<Environment>]) -> bool {
+    envs.iter().any(|e| e.kind.is_some())
 }
 
 /// The `job` tool: reads and stops background runs.
@@ -126,7 +141,11 @@ pub fn instructions(envs: &[Arc<Environment>]) -> String {
         s.push_str("; bash for shell commands and the project's tools (tests, builds, git)");
     }
     s.push_str(". ");
-    s.push_str("Each call is a fresh sandbox. Failures return isError with stdout, stderr and a suggestion. Longer work: run with background=true, then job.");
+    s.push_str("Each call is a fresh sandbox");
+    if has_sessions(envs) {
+        s.push_str(" unless you pass a session name to keep state");
+    }
+    s.push_str(". Failures return isError with stdout, stderr and a suggestion. Longer work: run with background=true, then job.");
     s
 }
 

@@ -1,0 +1,91 @@
+// nix-sandbox-mcp session agent for Node.js: runs each request's code in one
+// persistent global scope. Protocol (docs/sessions.md): requests on the first
+// descriptor given ("<id> <bytes>\n" then the code), one JSON reply line per
+// request on the second ({"id": N, "status": S}), nothing on stdout/stderr
+// but the code's own output.
+'use strict';
+const fs = require('fs');
+const net = require('net');
+const vm = require('vm');
+
+const [requestsFd, repliesFd] = process.argv.slice(2, 4).map(Number);
+// Reopened, the reply pipe is close-on-exec (node has no fcntl): children do not inherit it.
+const replies = fs.openSync(`/proc/self/fd/${repliesFd}`, 'w');
+fs.closeSync(repliesFd);
+
+process.argv.splice(1);
+globalThis.require = require;
+globalThis.__dirname = process.cwd();
+
+// process.exit ends the call, not the session.
+class Exit {
+  constructor(code) { this.code = code; }
+}
+const exitProcess = process.exit.bind(process);
+process.exit = (code) => { throw new Exit(code ?? process.exitCode ?? 0); };
+
+// A stack trace ends at the code, not in this agent.
+const ownFramesRemoved = (stack) => String(stack).split('\n')
+  .filter((line) => !(/^\s+at /.test(line) && (line.includes(__filename) || line.includes('node:vm') || line.includes('node:internal'))))
+  .join('\n');
+
+let status = 0;
+const fail = (e) => {
+  if (e instanceof Exit) { status = Number(e.code) & 0xff; return; }
+  process.stderr.write((e && e.stack) ? `${ownFramesRemoved(e.stack)}\n` : `Uncaught ${String(e)}\n`);
+  status = 1;
+};
+process.on('uncaughtException', fail);
+process.on('unhandledRejection', fail);
+
+const flush = (stream) => new Promise((resolve) => stream.write('', resolve));
+const reply = async (message) => {
+  await flush(process.stdout);
+  await flush(process.stderr);
+  fs.writeSync(replies, `${JSON.stringify(message)}\n`);
+};
+
+// Resources the agent itself holds; a call is over when only these are left,
+// as a script is over when its event loop empties.
+const count = (list) => list.reduce((m, r) => m.set(r, (m.get(r) || 0) + 1), new Map());
+const settled = (baseline) => {
+  for (const [kind, n] of count(process.getActiveResourcesInfo())) {
+    if (kind !== 'TTYWrap' && n > (baseline.get(kind) || 0)) return false;
+  }
+  return true;
+};
+const idle = async (baseline) => {
+  while (!settled(baseline)) await new Promise((r) => setImmediate(r));
+};
+
+async function run(id, code) {
+  const baseline = count(process.getActiveResourcesInfo());
+  status = 0;
+  try {
+    const result = vm.runInThisContext(code, { filename: 'session.js' });
+    if (result && typeof result.then === 'function') await result;
+  } catch (e) {
+    fail(e);
+  }
+  await idle(baseline);
+  await reply({ id, status });
+}
+
+const requests = new net.Socket({ fd: requestsFd, readable: true, writable: false });
+let pending = Buffer.alloc(0);
+let queue = Promise.resolve();
+requests.on('data', (data) => {
+  pending = Buffer.concat([pending, data]);
+  for (;;) {
+    const end = pending.indexOf(10);
+    if (end < 0) return;
+    const [id, size] = pending.subarray(0, end).toString().split(' ').map(Number);
+    if (pending.length < end + 1 + size) return;
+    const code = pending.subarray(end + 1, end + 1 + size).toString();
+    pending = pending.subarray(end + 1 + size);
+    queue = queue.then(() => run(id, code));
+  }
+});
+// The daemon closed the session: end even if the code left timers behind.
+requests.on('end', () => { queue.then(() => exitProcess(0)); });
+reply({ ready: true });
