@@ -93,11 +93,14 @@ let
     server = {
       max_concurrent_runs = positive;
       max_queued_runs = nonNegative;
+      nix_build_timeout_seconds = positive;
       audit_log = absolutePath;
       audit_log_code = bool;
       audit_log_output = bool;
       max_jobs = positive;
+      job_timeout_seconds = positive;
       job_retention_seconds = positive;
+      job_output_bytes = positive;
       max_sessions = positive;
       session_idle_seconds = positive;
       session_max_lifetime_seconds = positive;
@@ -204,6 +207,18 @@ in
         else
           fail name "unknown table (known: server, defaults, project, environments)"
       ) settings;
+
+  # Every key name the schema knows, in any table (for the test that holds it
+  # to config.example.toml).
+  keyNames =
+    let
+      names =
+        table:
+        builtins.concatLists (
+          util.mapAttrsToList (name: t: if isLeaf t then [ name ] else names t) table
+        );
+    in
+    util.unique (names config);
 
   # Checks a mkSandbox `limits` argument, which uses the `[defaults]` keys.
   checkLimits = key: value: checkTable key limits value;

@@ -270,6 +270,17 @@ let
   };
 
   valueTests = {
+    "config.example.toml documents exactly the keys the schema checks" = {
+      expr = {
+        undocumented = builtins.filter (k: !(builtins.elem k exampleKeyNames)) schemaKeyNames;
+        unchecked = builtins.filter (k: !(builtins.elem k schemaKeyNames)) exampleKeyNames;
+      };
+      expected = {
+        undocumented = [ ];
+        unchecked = [ ];
+      };
+    };
+
     # Names
     "valid names are accepted" = {
       expr = map lib'.isValidName [ "python" "a.b-c_d" "0x" "A" ];
@@ -651,6 +662,20 @@ let
       };
     };
   };
+
+  # Every key config.example.toml documents (set or commented out, in any
+  # table), by name.
+  exampleKeyNames =
+    let
+      lines = builtins.filter builtins.isString (
+        builtins.split "\n" (builtins.readFile ../../config.example.toml)
+      );
+      keyOf = line: builtins.match "#? *([a-z_]+) *=.*" line;
+    in
+    (import ../lib/util.nix).unique (
+      map builtins.head (builtins.filter (k: k != null) (map keyOf lines))
+    );
+  schemaKeyNames = (import ../lib/schema.nix).keyNames;
 
   run =
     name: t:

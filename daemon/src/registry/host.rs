@@ -294,7 +294,7 @@ mod tests {
     }
 
     #[test]
-    fn host_python_is_found_in_system_dirs() {
+    fn host_programs_are_found_at_absolute_paths() {
         if let Ok((p, extra)) = find_program("sh") {
             assert!(p.is_absolute());
             assert!(extra.is_empty() || extra[0] == Path::new("/nix/store"));
