@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::capture::{Capture, Captured};
+use crate::environment::Limits;
 use crate::exec::{ExecError, Observer, Outcome, Stream};
 
 /// Bounds on jobs.
@@ -126,6 +127,8 @@ pub struct Chunk {
 pub struct Job {
     pub id: String,
     pub env: String,
+    /// The limits the job runs with: its environment's, with the jobs' time limit.
+    pub limits: Limits,
     pub created: Instant,
     cancel: CancellationToken,
     state: watch::Sender<State>,
@@ -224,10 +227,13 @@ impl Jobs {
         self.limits
     }
 
-    /// Registers a new job whose run stops when `parent` is cancelled.
+    /// Registers a new job in environment `env`, whose limits are
+    /// `env_limits` but for the jobs' own time limit; its run stops when
+    /// `parent` is cancelled.
     pub fn create(
         &self,
         env: &str,
+        env_limits: Limits,
         parent: &CancellationToken,
     ) -> Result<(Arc<Job>, CancellationToken), JobError> {
         let mut table = self.table.lock().unwrap();
@@ -252,6 +258,10 @@ impl Jobs {
         let job = Arc::new(Job {
             id: format!("job-{n}"),
             env: env.to_string(),
+            limits: Limits {
+                timeout: self.limits.timeout,
+                ..env_limits
+            },
             created: Instant::now(),
             cancel: cancel.clone(),
             state: watch::Sender::new(State::Queued),
@@ -322,6 +332,10 @@ mod tests {
         assert_eq!(c.next_offset, 600);
     }
 
+    fn env_limits() -> Limits {
+        Limits::resolve(Default::default())
+    }
+
     fn limits() -> JobLimits {
         JobLimits {
             max_jobs: 2,
@@ -335,21 +349,21 @@ mod tests {
     async fn the_table_is_bounded_and_forgets_finished_jobs() {
         let jobs = Jobs::new(limits());
         let shutdown = CancellationToken::new();
-        let (a, _) = jobs.create("bash", &shutdown).unwrap();
-        let (_b, _) = jobs.create("bash", &shutdown).unwrap();
+        let (a, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+        let (_b, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
         assert!(matches!(
-            jobs.create("bash", &shutdown),
+            jobs.create("bash", env_limits(), &shutdown),
             Err(JobError::Full { max: 2, running: 2 })
         ));
         assert_eq!(a.id, "job-1");
         a.finish(Err(ExecError::CancelledWhileQueued));
         assert!(a.wait(Duration::from_millis(10)).await);
         assert!(
-            jobs.create("bash", &shutdown).is_err(),
+            jobs.create("bash", env_limits(), &shutdown).is_err(),
             "kept while retained"
         );
         tokio::time::sleep(Duration::from_millis(60)).await;
-        let (c, _) = jobs.create("bash", &shutdown).unwrap();
+        let (c, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
         assert_eq!(c.id, "job-3");
         assert!(jobs.get("job-1").is_none());
         assert!(jobs.get("job-3").is_some());
@@ -360,7 +374,7 @@ mod tests {
     async fn jobs_stop_with_the_server() {
         let jobs = Jobs::new(limits());
         let shutdown = CancellationToken::new();
-        let (_j, cancel) = jobs.create("bash", &shutdown).unwrap();
+        let (_j, cancel) = jobs.create("bash", env_limits(), &shutdown).unwrap();
         shutdown.cancel();
         assert!(cancel.is_cancelled());
     }

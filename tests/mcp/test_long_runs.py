@@ -155,6 +155,8 @@ def test_jobs_have_their_own_time_limit_and_are_bounded():
             assert r["exit_code"] == 0 and r["stdout"] == "outlived the run limit\n", dump(r)
             r = (await job(s, id=b["job"], wait_seconds=5)).structured_content
             assert r["timed_out"] and r["error"]["code"] == "timeout", dump(r)
+            # The error names the job's own limit, not the environment's.
+            assert "2000 ms" in r["error"]["message"], dump(r)
     run_async(t)
 
 

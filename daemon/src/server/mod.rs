@@ -290,11 +290,11 @@ impl SandboxServer {
     /// Starts `code` as a background job and returns at once.
     fn start_job(&self, env: Arc<Environment>, code: String) -> Result<CallToolResult, ToolError> {
         let jobs = &self.shared.jobs;
-        let (job, cancel) = jobs.create(&env.name, &self.shared.shutdown).map_err(|e| {
+        let (job, cancel) = jobs.create(&env.name, env.limits, &self.shared.shutdown).map_err(|e| {
             ToolError::new(ErrorCode::Busy, e.to_string(), "Read finished jobs with the job tool (they are forgotten after a while), or kill one you no longer need.")
         })?;
         let mut job_env = (*env).clone();
-        job_env.limits.timeout = jobs.limits().timeout;
+        job_env.limits = job.limits;
         let server = self.clone();
         let task_job = job.clone();
         tokio::spawn(async move {
@@ -394,8 +394,7 @@ impl SandboxServer {
                 args.offset("stderr_offset")?,
                 max,
             );
-            let limits = self.shared.registry.get(&job.env).map(|e| e.limits);
-            Ok(result::job_status(&job, &stdout, &stderr, limits.as_ref()))
+            Ok(result::job_status(&job, &stdout, &stderr))
         }
         .await;
         result.unwrap_or_else(|e| result::error_result(&e))

@@ -396,12 +396,7 @@ pub fn job_list(jobs: &[std::sync::Arc<Job>]) -> CallToolResult {
 
 /// The result of `job` with an id: its state, its new output, and once it
 /// has finished, how it ended (an error result when it failed, as for `run`).
-pub fn job_status(
-    job: &Job,
-    stdout: &Chunk,
-    stderr: &Chunk,
-    limits: Option<&Limits>,
-) -> CallToolResult {
+pub fn job_status(job: &Job, stdout: &Chunk, stderr: &Chunk) -> CallToolResult {
     let state = job.state();
     let mut v = json!({
         "ok": true,
@@ -436,7 +431,7 @@ pub fn job_status(
                 if let Some(l) = o.limit {
                     v["limit"] = json!(l.as_str());
                 }
-                err = limits.and_then(|l| run_error(&o, l));
+                err = run_error(&o, &job.limits);
             }
             Some(Ending::Failed(message)) => {
                 err = Some(ToolError::new(
