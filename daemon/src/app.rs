@@ -151,10 +151,6 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
     ))
 }
 
-/// Environments from the Nix side: artifacts baked into the package
-/// (`NIX_SANDBOX_BUILTIN`), in `NIX_SANDBOX_DIR`, and those Nix builds now
-/// (`NIX_SANDBOX_ENVS`, config `flake` entries, `[project] use_flake`), each
-/// build with the configured time limit.
 /// Bounds on background jobs, from `[server]`.
 pub fn job_limits(config: &Config) -> JobLimits {
     let s = &config.server;
@@ -180,6 +176,10 @@ fn seconds(v: Option<config::Positive>, default: u64) -> std::time::Duration {
     std::time::Duration::from_secs(v.map_or(default, |p| p.0))
 }
 
+/// Environments from the Nix side: artifacts baked into the package
+/// (`NIX_SANDBOX_BUILTIN`), in `NIX_SANDBOX_DIR`, and those Nix builds now
+/// (`NIX_SANDBOX_ENVS`, config `flake` entries, `[project] use_flake`), each
+/// build with the configured time limit.
 pub async fn environment_sources(config: &Config, project: Option<&ProjectMount>) -> Sources {
     let mut sources = sources_from_env();
     let refs = std::env::var("NIX_SANDBOX_ENVS")
@@ -260,7 +260,7 @@ pub async fn self_test(executor: &Executor) -> Result<(), StartError> {
             env: &env,
             code: b"echo ok\n",
             project: None,
-            inherited: Vec::new(),
+            inherited: &[],
             cancel: CancellationToken::new(),
             observer: None,
         })
@@ -411,7 +411,7 @@ impl Prober for ExecProber {
                     env,
                     code: code.as_bytes(),
                     project: None,
-                    inherited: Vec::new(),
+                    inherited: &[],
                     cancel: CancellationToken::new(),
                     observer: None,
                 })

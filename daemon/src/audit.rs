@@ -94,28 +94,19 @@ fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use crate::capture::Captured;
-    use crate::environment::{Limits, RootFs, Source};
+
     use std::time::Duration;
 
     fn env() -> Environment {
-        Environment {
-            name: "python".into(),
-            description: "Python".into(),
-            source: Source::Host {
-                program: "/usr/bin/python3".into(),
-            },
-            interpreter: vec!["/usr/bin/python3".into(), "{file}".into()],
-            file_name: ".main.py".into(),
-            root: RootFs::Host { extra: vec![] },
-            path: vec![],
-            vars: Default::default(),
-            limits: Limits::resolve(Default::default()),
-            settings: Default::default(),
-            network: false,
-            seccomp_allow: vec![],
-            tools: vec![],
-            kind: None,
-        }
+        crate::registry::host_environment(
+            "python",
+            "/usr/bin/python3".into(),
+            vec!["/usr/bin/python3".into(), "{file}".into()],
+            ".main.py",
+            None,
+            vec![],
+            Default::default(),
+        )
     }
 
     fn outcome() -> Outcome {

@@ -223,17 +223,18 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     );
 
     let shutdown = CancellationToken::new();
+    let inherited = crate::config::read_inherited(&config.project.inherit_names());
     let sessions = Arc::new(Sessions::new(
         executor.clone(),
         project.clone(),
-        config.project.inherit_names(),
+        inherited.clone(),
         app::session_limits(&config),
     ));
     let server = SandboxServer::new(Shared {
         registry,
         executor: executor.clone(),
         project,
-        inherit_env: config.project.inherit_names(),
+        inherited,
         shutdown: shutdown.clone(),
         audit,
         jobs: Jobs::new(app::job_limits(&config)),
@@ -337,7 +338,7 @@ async fn run_once(
             env: &env,
             code: &code,
             project: app.project.as_ref(),
-            inherited,
+            inherited: &inherited,
             cancel,
             observer: Some(Arc::new(Echo)),
         })

@@ -118,8 +118,8 @@ pub struct Request<'a> {
     pub env: &'a Environment,
     pub code: &'a [u8],
     pub project: Option<&'a ProjectMount>,
-    /// Variables passed through from the daemon's environment, read at call time.
-    pub inherited: Vec<(String, String)>,
+    /// Values of the `inherit_env` variables from the daemon's environment.
+    pub inherited: &'a [(String, String)],
     pub cancel: CancellationToken,
     pub observer: Option<Arc<dyn Observer>>,
 }
@@ -365,8 +365,8 @@ impl Executor {
                 limit: limits.file_size_bytes,
             });
         }
-        let recipe = Arc::new(self.recipe(req.env, req.project, &req.inherited)?);
-        let _slot = self.admit(&req.cancel).await?;
+        let recipe = Arc::new(self.recipe(req.env, req.project, req.inherited)?);
+        let _slot = self.slot(&req.cancel).await?;
         let start = Instant::now();
 
         let Prepared {
@@ -508,9 +508,20 @@ impl Executor {
 
     /// Starts a sandbox whose program keeps running (a session's agent):
     /// `program` is its code file, `args` follow the interpreter's command,
-    /// and `fds` are passed to it at their current numbers. The caller owns
-    /// its output and its lifetime; it counts against no run slot.
-    pub async fn start_live(&self, req: LiveRequest<'_>) -> Result<LiveSandbox, ExecError> {
+    /// and `fds` are passed to it at their current numbers. Returns the
+    /// sandbox and the program's stdout and stderr; the caller owns its
+    /// lifetime, which counts against no run slot.
+    pub async fn start_live(
+        &self,
+        req: LiveRequest<'_>,
+    ) -> Result<
+        (
+            LiveSandbox,
+            tokio::process::ChildStdout,
+            tokio::process::ChildStderr,
+        ),
+        ExecError,
+    > {
         // The program stays out of /workspace, which belongs to the code it runs.
         let at = format!("/run/nsm/{}", req.env.file_name);
         let mut recipe = self.recipe_at(req.env, req.project, req.inherited, at)?;
@@ -527,23 +538,13 @@ impl Executor {
         let _ = rustix::io::write(&block, b"x");
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
-        Ok(LiveSandbox {
+        let sandbox = LiveSandbox {
             child,
             lease,
             status: Status::new(status),
             _program: code,
-            stdout: Some(stdout),
-            stderr: Some(stderr),
-        })
-    }
-
-    /// Waits for a run slot (see `max_concurrent_runs`), or fails at once
-    /// with `Busy` when too many calls already wait.
-    pub async fn slot(
-        &self,
-        cancel: &CancellationToken,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
-        self.admit(cancel).await
+        };
+        Ok((sandbox, stdout, stderr))
     }
 
     /// Tops up, in the background, the prepared sandboxes for `recipe` if it
@@ -585,7 +586,9 @@ impl Executor {
         self.inner.enforcer.cleanup();
     }
 
-    async fn admit(
+    /// Waits for a run slot (see `max_concurrent_runs`), or fails at once
+    /// with `Busy` when too many calls already wait.
+    pub async fn slot(
         &self,
         cancel: &CancellationToken,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
@@ -627,18 +630,9 @@ pub struct LiveSandbox {
     lease: Lease,
     status: Status,
     _program: tempfile::NamedTempFile,
-    stdout: Option<tokio::process::ChildStdout>,
-    stderr: Option<tokio::process::ChildStderr>,
 }
 
 impl LiveSandbox {
-    /// The program's output pipes (once).
-    pub fn take_output(
-        &mut self,
-    ) -> Option<(tokio::process::ChildStdout, tokio::process::ChildStderr)> {
-        self.stdout.take().zip(self.stderr.take())
-    }
-
     /// Waits for the sandbox to end by itself (cancel-safe).
     pub async fn exited(&mut self) -> (Option<i32>, Option<i32>) {
         interpret(self.child.wait().await.ok())
@@ -650,9 +644,8 @@ impl LiveSandbox {
     }
 
     /// Kills the whole sandbox and waits until nothing of it is left.
-    pub async fn kill(mut self) -> Fired {
+    pub async fn kill(mut self) {
         kill_sandbox(&mut self.child, &mut self.status, &self.lease).await;
-        self.lease.check()
     }
 }
 
@@ -965,12 +958,10 @@ impl Status {
     /// Reads what bubblewrap has written so far (the pipe is non-blocking).
     fn read_available(&mut self) -> &str {
         let mut buf = [0u8; 4096];
-        while let Ok(n) = rustix::io::read(&self.fd, &mut buf) {
-            if n == 0 {
-                break;
-            }
-            self.text.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
+        let text = &mut self.text;
+        read_ready(&self.fd, &mut buf, |d| {
+            text.push_str(&String::from_utf8_lossy(d))
+        });
         &self.text
     }
 
@@ -1059,6 +1050,17 @@ async fn drain(task: tokio::task::JoinHandle<Capture>) -> Captured {
             abort.abort();
             Captured::default()
         }
+    }
+}
+
+/// Hands `sink` what a non-blocking descriptor holds right now, without
+/// waiting for more.
+pub(crate) fn read_ready(fd: impl AsFd, buf: &mut [u8], mut sink: impl FnMut(&[u8])) {
+    while let Ok(n) = rustix::io::read(fd.as_fd(), &mut *buf) {
+        if n == 0 {
+            break;
+        }
+        sink(&buf[..n]);
     }
 }
 

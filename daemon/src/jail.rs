@@ -26,7 +26,6 @@ pub struct HostLayout {
     pub system_links: Vec<(PathBuf, PathBuf)>,
     /// Host `/etc` entries every host-mode sandbox needs (loader cache, alternatives).
     pub etc_host: Vec<PathBuf>,
-
     /// Host `/etc` entries only networked sandboxes need (resolver, certificates).
     pub etc_network: Vec<PathBuf>,
     /// A directory prepared at start-up that becomes `/etc`: passwd, group, hosts
@@ -64,7 +63,7 @@ pub struct Call<'a> {
     pub seccomp_fds: Vec<RawFd>,
     /// Where bubblewrap writes its JSON status (to tell its own failures from the program's).
     pub status_fd: Option<RawFd>,
-    /// Variables read from the daemon's environment at call time.
+    /// Values of the `inherit_env` variables from the daemon's environment.
     pub inherited: &'a [(String, String)],
 }
 
@@ -231,7 +230,6 @@ mod tests {
             system_dirs: vec!["/usr".into()],
             system_links: vec![("usr/bin".into(), "/bin".into())],
             etc_host: vec!["/etc/ld.so.cache".into()],
-
             etc_network: vec!["/etc/resolv.conf".into()],
             etc_dir: "/run/nsm/etc".into(),
             disable_userns: true,
@@ -413,7 +411,6 @@ mod tests {
         assert!(
             pos(&a, &["--ro-bind", "/etc/ld.so.cache"]) > pos(&a, &["--ro-bind", "/run/nsm/etc"])
         );
-
         assert!(!a.iter().any(|x| x == "/home" || x == "/root"));
     }
 

@@ -458,16 +458,7 @@ impl Pool {
     }
 
     fn pids_in(&self, g: &Group) -> Vec<i32> {
-        g.dirs
-            .iter()
-            .flat_map(|d| {
-                fs::read_to_string(d.join("cgroup.procs"))
-                    .unwrap_or_default()
-                    .lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect::<Vec<i32>>()
-            })
-            .collect()
+        g.dirs.iter().flat_map(|d| procs(d)).collect()
     }
 
     fn kill_group(&self, g: &Group) {
@@ -476,10 +467,8 @@ impl Pool {
         {
             return;
         }
-        for pid in self.pids_in(g) {
-            if let Some(p) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-            }
+        for d in &g.dirs {
+            kill_pids_in(d);
         }
     }
 
@@ -624,9 +613,17 @@ fn run_groups(container: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// The processes in one cgroup directory.
+fn procs(group: &Path) -> Vec<i32> {
+    fs::read_to_string(group.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
 fn kill_pids_in(group: &Path) {
-    let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
-    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+    for pid in procs(group) {
         if let Some(p) = rustix::process::Pid::from_raw(pid) {
             let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
         }

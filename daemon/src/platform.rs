@@ -25,7 +25,6 @@ pub struct Platform {
     /// Where the code of each run is written (mode 0700, owned by the uid
     /// bubblewrap runs as): the file is bound into the sandbox read-only.
     code_dir: PathBuf,
-
     _runtime_dir: tempfile::TempDir,
 }
 
@@ -102,7 +101,6 @@ impl Platform {
             layout,
             run_as,
             code_dir,
-
             _runtime_dir: runtime_dir,
         })
     }

@@ -242,7 +242,7 @@ async fn a_full_executor_answers_busy_at_once_and_queues_within_bounds() {
         env: &slow,
         code: code.as_bytes(),
         project: None,
-        inherited: vec![],
+        inherited: &[],
         cancel: CancellationToken::new(),
         observer: None,
     };
@@ -325,7 +325,7 @@ async fn rlimit_fallback_still_bounds_memory_and_processes() {
                     env: &env,
                     code: &code,
                     project: None,
-                    inherited: vec![],
+                    inherited: &[],
                     cancel: CancellationToken::new(),
                     observer: None,
                 })

@@ -291,7 +291,7 @@ async fn a_sandbox_that_cannot_be_set_up_is_not_blamed_on_the_program() {
             env: &env("bash"),
             code: b"echo never",
             project: Some(&gone),
-            inherited: vec![],
+            inherited: &[],
             cancel: tokio_util::sync::CancellationToken::new(),
             observer: None,
         })

@@ -41,8 +41,9 @@ pub struct Shared {
     pub registry: Registry,
     pub executor: Executor,
     pub project: Option<ProjectMount>,
-    /// Variables passed through from the daemon's environment at call time.
-    pub inherit_env: Vec<String>,
+    /// Values of the `inherit_env` variables, read when the server starts
+    /// (the daemon's environment does not change while it runs).
+    pub inherited: Vec<(String, String)>,
     /// Cancelled when the server shuts down: every run in flight is killed.
     pub shutdown: CancellationToken,
     pub audit: Option<Arc<AuditLog>>,
@@ -55,6 +56,8 @@ pub struct SandboxServer {
     shared: Arc<Shared>,
     tools: Arc<Vec<Tool>>,
     instructions: Arc<String>,
+    /// The largest per-stream output cap of any environment: what `job` returns at most.
+    output_bytes: usize,
 }
 
 /// Where a call reports progress, when the client asked for it.
@@ -75,11 +78,11 @@ impl SandboxServer {
             tool::run_tool(&envs, shared.project.as_ref(), output_bytes),
             tool::job_tool(shared.jobs.limits()),
         ];
-        let inherited = crate::config::read_inherited(&shared.inherit_env);
         for env in &envs {
-            if let Err(e) = shared
-                .executor
-                .keep_ready_for(env, shared.project.as_ref(), &inherited)
+            if let Err(e) =
+                shared
+                    .executor
+                    .keep_ready_for(env, shared.project.as_ref(), &shared.inherited)
             {
                 tracing::warn!("sandboxes for {} start on demand: {e}", env.name);
             }
@@ -89,6 +92,7 @@ impl SandboxServer {
             shared: Arc::new(shared),
             tools: Arc::new(tools),
             instructions: Arc::new(instructions),
+            output_bytes,
         }
     }
 
@@ -189,7 +193,7 @@ impl SandboxServer {
                     env,
                     code: code.as_bytes(),
                     project: self.shared.project.as_ref(),
-                    inherited: crate::config::read_inherited(&self.shared.inherit_env),
+                    inherited: &self.shared.inherited,
                     cancel: cancel.clone(),
                     observer: Some(live),
                 })
@@ -306,7 +310,7 @@ impl SandboxServer {
                     env: &job_env,
                     code: code.as_bytes(),
                     project: server.shared.project.as_ref(),
-                    inherited: crate::config::read_inherited(&server.shared.inherit_env),
+                    inherited: &server.shared.inherited,
                     cancel,
                     observer: Some(observer),
                 })
@@ -317,7 +321,7 @@ impl SandboxServer {
             }
             task_job.finish(outcome);
         });
-        Ok(result::job_started(&job, jobs.limits().timeout))
+        Ok(result::job_started(&job))
     }
 
     /// Handles a `job` call.
@@ -382,17 +386,10 @@ impl SandboxServer {
                     r.abort();
                 }
             }
-            let max = self
-                .shared
-                .registry
-                .iter()
-                .map(|e| e.limits.output_bytes)
-                .max()
-                .unwrap_or(16 * 1024);
             let (stdout, stderr) = job.read(
                 args.offset("stdout_offset")?,
                 args.offset("stderr_offset")?,
-                max,
+                self.output_bytes,
             );
             Ok(result::job_status(&job, &stdout, &stderr))
         }

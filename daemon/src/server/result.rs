@@ -122,11 +122,25 @@ pub fn output_schema() -> Map<String, Value> {
     }
 }
 
+/// A tool result: `structured` as the structured content, `text` as the one
+/// readable block, flagged as an error when `is_error`.
+fn tool_result(structured: Value, text: String, is_error: bool) -> CallToolResult {
+    let mut r = if is_error {
+        CallToolResult::structured_error(structured)
+    } else {
+        CallToolResult::structured(structured)
+    };
+    r.content = vec![ContentBlock::text(text)];
+    r
+}
+
 /// A result for an error that happened before any code ran.
 pub fn error_result(err: &ToolError) -> CallToolResult {
-    let mut r = CallToolResult::structured_error(json!({"ok": false, "error": err.to_json()}));
-    r.content = vec![ContentBlock::text(err.to_text())];
-    r
+    tool_result(
+        json!({"ok": false, "error": err.to_json()}),
+        err.to_text(),
+        true,
+    )
 }
 
 /// The error a finished run amounts to, if any.
@@ -282,12 +296,7 @@ pub fn run_result(
         v["session"] = s.to_json();
     }
     let text = run_text(env, o, err.as_ref(), session);
-    let mut r = match err {
-        Some(_) => CallToolResult::structured_error(v),
-        None => CallToolResult::structured(v),
-    };
-    r.content = vec![ContentBlock::text(text)];
-    r
+    tool_result(v, text, err.is_some())
 }
 
 fn run_text(
@@ -338,19 +347,17 @@ fn run_text(
 }
 
 /// The result of `run` with `background`: the job's id, at once.
-pub fn job_started(job: &Job, timeout: std::time::Duration) -> CallToolResult {
+pub fn job_started(job: &Job) -> CallToolResult {
     let v = json!({"ok": true, "env": job.env, "job": job.id, "state": job.state().as_str()});
     let text = format!(
         "[{}] started {} (time limit {} s). Read it with job(id=\"{}\", wait_seconds=30); stop it with job(id=\"{}\", kill=true).",
         job.env,
         job.id,
-        timeout.as_secs(),
+        job.limits.timeout.as_secs(),
         job.id,
         job.id
     );
-    let mut r = CallToolResult::structured(v);
-    r.content = vec![ContentBlock::text(text)];
-    r
+    tool_result(v, text, false)
 }
 
 /// The result of `job` without an id: every job and its state.
@@ -389,9 +396,7 @@ pub fn job_list(jobs: &[std::sync::Arc<Job>]) -> CallToolResult {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    let mut r = CallToolResult::structured(json!({"ok": true, "jobs": entries}));
-    r.content = vec![ContentBlock::text(text)];
-    r
+    tool_result(json!({"ok": true, "jobs": entries}), text, false)
 }
 
 /// The result of `job` with an id: its state, its new output, and once it
@@ -479,12 +484,7 @@ pub fn job_status(job: &Job, stdout: &Chunk, stderr: &Chunk) -> CallToolResult {
         v["error"] = e.to_json();
         text.push_str(&e.to_text());
     }
-    let mut r = match err {
-        Some(_) => CallToolResult::structured_error(v),
-        None => CallToolResult::structured(v),
-    };
-    r.content = vec![ContentBlock::text(text.trim_end().to_string())];
-    r
+    tool_result(v, text.trim_end().to_string(), err.is_some())
 }
 
 pub fn signal_name(sig: i32) -> String {

@@ -8,7 +8,7 @@
 //! time and lifetime, and dies with the server.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capture::Capture;
 use crate::environment::{Environment, InterpreterKind};
 use crate::exec::{
-    ExecError, Executor, LimitKind, LiveRequest, LiveSandbox, Observer, Outcome, Stream,
+    ExecError, Executor, LimitKind, LiveRequest, LiveSandbox, Observer, Outcome, Stream, read_ready,
 };
 use crate::jail::ProjectMount;
 
@@ -77,8 +77,8 @@ pub struct SessionOutcome {
 pub struct Sessions {
     executor: Executor,
     project: Option<ProjectMount>,
-    /// Variables passed through from the daemon's environment, read when a session starts.
-    inherit_env: Vec<String>,
+    /// Values of the `inherit_env` variables.
+    inherited: Vec<(String, String)>,
     limits: SessionLimits,
     table: Mutex<HashMap<String, Arc<Session>>>,
     /// Sessions closed by the reaper: name → (why, when).
@@ -136,13 +136,13 @@ impl Sessions {
     pub fn new(
         executor: Executor,
         project: Option<ProjectMount>,
-        inherit_env: Vec<String>,
+        inherited: Vec<(String, String)>,
         limits: SessionLimits,
     ) -> Sessions {
         Sessions {
             executor,
             project,
-            inherit_env,
+            inherited,
             limits,
             table: Mutex::new(HashMap::new()),
             gone: Mutex::new(HashMap::new()),
@@ -294,18 +294,18 @@ impl Sessions {
             replies_w.as_raw_fd().to_string(),
         ];
         let fds: Vec<OwnedFd> = vec![requests_r, replies_w];
-        let mut sandbox = self
+        let (sandbox, stdout, stderr) = self
             .executor
             .start_live(LiveRequest {
                 env,
                 project: self.project.as_ref(),
-                inherited: &crate::config::read_inherited(&self.inherit_env),
+                inherited: &self.inherited,
                 program: agent_for(kind).as_bytes(),
                 args,
                 fds,
             })
             .await?;
-        let (stdout, stderr) = sandbox.take_output().expect("fresh sandbox");
+
         let requests = pipe::Sender::from_owned_fd(requests_w).map_err(io)?;
         let replies =
             tokio::io::BufReader::new(pipe::Receiver::from_owned_fd(replies_r).map_err(io)?)
@@ -514,10 +514,10 @@ async fn run_call(
     };
     // Everything the code wrote before the agent replied is in the pipes now.
     if matches!(end, End::Replied(_)) {
-        drain(&agent.stdout, &mut buf_out, |d| {
+        read_ready(&agent.stdout, &mut buf_out, |d| {
             record(Stream::Stdout, d, &mut out, &mut total)
         });
-        drain(&agent.stderr, &mut buf_err, |d| {
+        read_ready(&agent.stderr, &mut buf_err, |d| {
             record(Stream::Stderr, d, &mut err, &mut total)
         });
     }
@@ -611,16 +611,5 @@ impl Reset {
                 self.cause
             )
         }
-    }
-}
-
-/// Reads what is in a pipe right now, without waiting (tokio keeps its
-/// descriptor non-blocking).
-fn drain(r: &impl AsFd, buf: &mut [u8], mut sink: impl FnMut(&[u8])) {
-    while let Ok(n) = rustix::io::read(r.as_fd(), &mut *buf) {
-        if n == 0 {
-            break;
-        }
-        sink(&buf[..n]);
     }
 }

@@ -86,7 +86,7 @@ pub async fn run_with(env: &Environment, code: &str, cancel: CancellationToken) 
             env,
             code: code.as_bytes(),
             project: f.app.project.as_ref(),
-            inherited: nix_sandbox_mcp::config::read_inherited(
+            inherited: &nix_sandbox_mcp::config::read_inherited(
                 &f.app.config.project.inherit_names(),
             ),
             cancel,
