@@ -73,6 +73,28 @@ def bare_bwrap(script: str, interpreter: str) -> list[str]:
     return args + ["--proc", "/proc", "--dev", "/dev", "--ro-bind", script, "/s", interpreter, "/s"]
 
 
+def parse_args(doc: str, **extra: int) -> argparse.Namespace:
+    """--bin (checked to exist), --runs, and each `extra` as an integer option."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
+    ap.add_argument("--runs", type=int, default=200)
+    for name, default in extra.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    a = ap.parse_args()
+    if not pathlib.Path(a.bin).exists():
+        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
+    return a
+
+
+def workdir() -> tuple[str, dict[str, str]]:
+    """A scratch directory with an empty project, and the server environment for it."""
+    work = tempfile.mkdtemp(prefix="nsm-bench-")
+    os.chmod(work, 0o755)  # a root server runs sandboxes as an unprivileged uid
+    project = pathlib.Path(work) / "project"
+    project.mkdir(mode=0o755)
+    return work, {"PROJECT_DIR": str(project), "RUST_LOG": "error"}
+
+
 def timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -80,19 +102,9 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
-    ap.add_argument("--runs", type=int, default=200)
-    ap.add_argument("--cli-runs", type=int, default=30)
-    a = ap.parse_args()
-    if not pathlib.Path(a.bin).exists():
-        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
+    a = parse_args(__doc__, cli_runs=30)
+    work, env = workdir()
 
-    work = tempfile.mkdtemp(prefix="nsm-bench-")
-    os.chmod(work, 0o755)  # a root server runs sandboxes as an unprivileged uid
-    project = pathlib.Path(work) / "project"
-    project.mkdir(mode=0o755)
-    env = {"PROJECT_DIR": str(project), "RUST_LOG": "error"}
     programs = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3")}
     scripts = {}
     for name, (code, _) in programs.items():

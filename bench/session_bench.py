@@ -17,15 +17,12 @@ usage: bench/session_bench.py [--bin target/release/nix-sandbox-mcp] [--runs 200
 
 from __future__ import annotations
 
-import argparse
-import os
 import pathlib
 import shutil
 import statistics
 import subprocess
-import tempfile
 
-from bench import ROOT, Server, bare_bwrap, print_table, timed
+from bench import Server, bare_bwrap, parse_args, print_table, timed, workdir
 
 # name: (setup, empty program, 10 ms program, interpreter). bash has no
 # builtin sleep (an external `sleep` costs a fork and exec): it waits 10 ms
@@ -38,18 +35,9 @@ PROGRAMS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
-    ap.add_argument("--runs", type=int, default=200)
-    a = ap.parse_args()
-    if not pathlib.Path(a.bin).exists():
-        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
-
-    work = tempfile.mkdtemp(prefix="nsm-bench-")
-    os.chmod(work, 0o755)  # a root server runs sandboxes as an unprivileged uid
-    project = pathlib.Path(work) / "project"
-    project.mkdir(mode=0o755)
-    server = Server(a.bin, {"PROJECT_DIR": str(project), "RUST_LOG": "error"})
+    a = parse_args(__doc__)
+    work, env = workdir()
+    server = Server(a.bin, env)
     programs = {n: p for n, p in PROGRAMS.items() if pathlib.Path(p[3]).exists()}
     rows: dict[tuple[str, str], list[float]] = {}
 

@@ -16,14 +16,9 @@
 }:
 let
   # Variables dropped from the captured environment.
-  dropped = [
-    # The jail sets these for every run (PATH becomes the manifest's `path`).
-    "PATH"
-    "HOME"
-    "TMPDIR"
-    "PWD"
-    "USER"
-    "LOGNAME"
+  # The jail sets the reserved ones for every run (PATH becomes the
+  # manifest's `path`).
+  dropped = (import ./schema.nix).reservedVariables ++ [
     # `nix develop` ignores these too: they describe the build, not the shell.
     "BASHOPTS"
     "NIX_BUILD_TOP"

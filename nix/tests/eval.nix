@@ -677,34 +677,5 @@ let
     );
   schemaKeyNames = (import ../lib/schema.nix).keyNames;
 
-  run =
-    name: t:
-    if t ? throws then
-      {
-        inherit name;
-        ok = !(builtins.tryEval (builtins.deepSeq t.expr null)).success;
-        expected = "an error containing: ${t.throws}";
-        actual = "no error";
-      }
-    else
-      let
-        actual = t.expr;
-      in
-      {
-        inherit name;
-        ok = actual == t.expected;
-        expected = t.expected;
-        inherit actual;
-      };
-  results = builtins.attrValues (builtins.mapAttrs run (throwsTests // valueTests));
-in
-{
-  # For eval.sh, which evaluates each throwing test's expr on its own to check
-  # the message.
-  tests = throwsTests // valueTests;
-  errorMessages = builtins.mapAttrs (_: t: t.throws) throwsTests;
-  summary = {
-    passed = builtins.length (builtins.filter (r: r.ok) results);
-    failed = builtins.filter (r: !r.ok) results;
-  };
-}
+  in
+import ./harness.nix (throwsTests // valueTests)

@@ -242,29 +242,5 @@ let
     };
   };
 
-  run =
-    name: t:
-    if t ? throws then
-      {
-        inherit name;
-        ok = !(builtins.tryEval (builtins.deepSeq t.expr null)).success;
-        expected = "an error containing: ${t.throws}";
-        actual = "no error";
-      }
-    else
-      {
-        inherit name;
-        ok = t.expr == t.expected;
-        inherit (t) expected;
-        actual = t.expr;
-      };
-  results = builtins.attrValues (builtins.mapAttrs run tests);
-in
-{
-  inherit tests;
-  errorMessages = builtins.mapAttrs (_: t: t.throws) (lib.filterAttrs (_: t: t ? throws) tests);
-  summary = {
-    passed = builtins.length (builtins.filter (r: r.ok) results);
-    failed = builtins.filter (r: !r.ok) results;
-  };
-}
+  in
+import ./harness.nix tests
