@@ -237,6 +237,35 @@ fn configured_environments_replace_the_defaults() {
 }
 
 #[test]
+fn a_missing_interpreter_drops_its_environment_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "[environments.ruby]\ninterpreter = \"no-such-interpreter-nsm {file}\"\n\n[environments.sh]\npreset = \"bash\"\n",
+    );
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "envs",
+        "--json",
+    ]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = v["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["sh"]);
+    let warnings = v["warnings"].to_string();
+    assert!(
+        warnings.contains("ruby") && warnings.contains("no-such-interpreter-nsm"),
+        "{warnings}"
+    );
+}
+
+#[test]
 fn config_errors_name_file_key_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(

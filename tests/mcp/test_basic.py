@@ -34,6 +34,19 @@ def test_initialize_negotiates_2025_11_25_and_lists_every_env():
     run_async(t)
 
 
+def test_a_networked_environment_is_marked_and_makes_the_tool_open_world():
+    config = write_config('[environments.bash]\npreset = "bash"\n[environments.web]\npreset = "python"\nnetwork = true\n')
+
+    async def t():
+        async with session(config=config) as s:
+            run = (await s.list_tools()).tools[0]
+            assert run.annotations.open_world_hint is True
+            assert "- web: " in run.description and "network" in run.description.split("- web: ")[1].splitlines()[0], run.description
+            assert "No network unless marked" in run.description, run.description
+    run_async(t)
+
+
+
 def test_description_and_instructions_fit_the_context_budget():
     """The run tool plus the server instructions stay under 450 tokens with
     three environments; with the job tool, the whole surface under 550."""
