@@ -93,7 +93,7 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::Captured;
+    use crate::exec::capture::Captured;
 
     use std::time::Duration;
 
@@ -117,6 +117,7 @@ mod tests {
                 text: "SECRET OUTPUT".into(),
                 total_bytes: 13,
                 dropped_bytes: 0,
+                incomplete: None,
             },
             stderr: Captured::default(),
             duration: Duration::from_millis(5),

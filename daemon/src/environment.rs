@@ -160,11 +160,6 @@ impl Environment {
         }
         argv
     }
-
-    /// Where the code file lives inside the jail.
-    pub fn code_path(&self) -> String {
-        format!("{}/{}", crate::jail::WORKSPACE, self.file_name)
-    }
 }
 
 #[cfg(test)]

@@ -67,6 +67,11 @@ pub struct Call<'a> {
     pub inherited: &'a [(String, String)],
 }
 
+/// Where `env`'s code file appears in the sandbox: in the working directory.
+pub fn code_path(env: &Environment) -> String {
+    format!("{WORKSPACE}/{}", env.file_name)
+}
+
 /// The bubblewrap options for `call`: everything but the command, which
 /// bubblewrap takes after `--` on its own command line.
 pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
@@ -396,7 +401,7 @@ mod tests {
         // The command follows on bubblewrap's own command line, with the path only.
         assert!(!a.iter().any(|x| x == "--"));
         assert_eq!(
-            env().command_for(&env().code_path()),
+            env().command_for(&code_path(&env())),
             ["python3", "/workspace/.main.py"]
         );
     }

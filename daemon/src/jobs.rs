@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::capture::{Capture, Captured};
 use crate::environment::Limits;
+use crate::exec::capture::{Capture, Captured};
 use crate::exec::{ExecError, Observer, Outcome, Stream};
 
 /// Bounds on jobs.

@@ -3,13 +3,14 @@
 //!
 //! Modules, each with one job: `config` (TOML and env vars), `registry`
 //! (environments by name), `jail` (environment + call → bwrap argv), `exec`
-//! (one run's lifecycle), `limits` (cgroups and rlimits), `seccomp` (the
-//! syscall filter), `platform` (what the host offers), `server` (the MCP
-//! surface), `app` (start-up wiring), `doctor` (diagnostics), `audit` (the run log), `jobs` (background runs), `sessions` (state across calls).
+//! (every sandboxed process, from admission to reaping), `limits` (cgroups
+//! and rlimits), `seccomp` (the syscall filter), `platform` (what the host
+//! offers), `server` (the MCP surface), `app` (start-up wiring), `doctor`
+//! (diagnostics), `audit` (the run log), `jobs` (background runs),
+//! `sessions` (state across calls).
 
 pub mod app;
 pub mod audit;
-pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod doctor;

@@ -339,6 +339,9 @@ def test_sessions_die_with_the_server():
             await ok(s, "bash", f"sleep {m} &", "a")
             await ok(s, "python", f"import subprocess; p = subprocess.Popen(['sleep', '{m}.5'])", "b")
             await ok(s, "node", f"require('child_process').spawn('sleep', ['{m}.7'], {{detached: true, stdio: 'ignore'}}).unref()", "c")
+            deadline = time.monotonic() + 5
+            while len(processes_with(m)) < 3 and time.monotonic() < deadline:
+                await anyio.sleep(0.02)
             assert len(processes_with(m)) == 3, processes_with(m)
     run_async(t)
     deadline = time.monotonic() + 3
@@ -351,6 +354,10 @@ def test_sessions_die_with_the_server():
     srv.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
               "params": {"name": "run", "arguments": {"env": "bash", "session": "k", "code": f"sleep {m} &"}}})
     assert srv.recv()["result"]["structuredContent"]["ok"]
+    # The call returns once bash has forked; the child may not have exec'd sleep yet.
+    deadline = time.monotonic() + 5
+    while not processes_with(m) and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert processes_with(m)
     srv.close()
     deadline = time.monotonic() + 3

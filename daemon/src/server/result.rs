@@ -515,7 +515,7 @@ pub fn signal_name(sig: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::Captured;
+    use crate::exec::capture::Captured;
     use std::time::Duration;
 
     fn outcome(exit: Option<i32>, signal: Option<i32>, limit: Option<LimitKind>) -> Outcome {
@@ -526,6 +526,7 @@ mod tests {
                 text: "out\n".into(),
                 total_bytes: 4,
                 dropped_bytes: 0,
+                incomplete: None,
             },
             stderr: Captured::default(),
             duration: Duration::from_millis(12),

@@ -8,10 +8,15 @@ const fs = require('fs');
 const net = require('net');
 const vm = require('vm');
 
-const [requestsFd, repliesFd] = process.argv.slice(2, 4).map(Number);
-// Reopened, the reply pipe is close-on-exec (node has no fcntl): children do not inherit it.
-const replies = fs.openSync(`/proc/self/fd/${repliesFd}`, 'w');
-fs.closeSync(repliesFd);
+// Node has no fcntl: both pipes are reopened through /proc, which makes them
+// close-on-exec, so that child processes inherit neither.
+const reopen = (fd, mode) => {
+  const own = fs.openSync(`/proc/self/fd/${fd}`, mode);
+  fs.closeSync(fd);
+  return own;
+};
+const [requestsFd, replies] = process.argv.slice(2, 4).map(Number)
+  .map((fd, i) => reopen(fd, i === 0 ? 'r' : 'w'));
 
 process.argv.splice(1);
 globalThis.require = require;

@@ -1,31 +1,25 @@
 //! Sessions: interpreter state that persists across calls. A session is a
 //! long-lived sandbox (the environment's policy and limits, applied to the
 //! whole session) running a small agent in the environment's own language
-//! (agent.py, agent.js, agent.sh beside this file). Calls go to the agent on a
-//! request pipe and come back on a reply pipe, never on the program's
-//! stdout; the program's output is read from its pipes while the call runs
-//! and drained when the reply arrives. The table is bounded in number, idle
-//! time and lifetime, and dies with the server.
+//! (see `agent.rs` for the protocol). Each call is supervised by exec like
+//! any run; this module owns the table of sessions (bounded in number, idle
+//! time and lifetime; it dies with the server) and what a call's end means
+//! for its session: continued, reset, or killed and restarted next time.
+
+mod agent;
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
-use crate::capture::Capture;
 use crate::environment::{Environment, InterpreterKind};
 use crate::exec::{
-    ExecError, Executor, LimitKind, LiveRequest, LiveSandbox, Observer, Outcome, Stream, read_ready,
+    AgentRequest, End, ExecError, Executor, LimitKind, Observer, Outcome, Sandbox, Watch,
+    attribute_limits, supervise,
 };
 use crate::jail::ProjectMount;
-
-const PYTHON_AGENT: &str = include_str!("agent.py");
-const NODE_AGENT: &str = include_str!("agent.js");
-const BASH_AGENT: &str = include_str!("agent.sh");
 
 /// How long a new agent may take to say it is ready.
 const START_LIMIT: Duration = Duration::from_secs(20);
@@ -95,41 +89,12 @@ struct Session {
 
 #[derive(Default)]
 struct State {
-    agent: Option<Agent>,
+    /// The running agent's sandbox.
+    agent: Option<Sandbox>,
     /// Why the sandbox is gone, for the next call's result.
     reset: Option<String>,
     started_once: bool,
     next_id: u64,
-}
-
-/// A running agent and its channels.
-struct Agent {
-    sandbox: LiveSandbox,
-    requests: pipe::Sender,
-    replies: tokio::io::Lines<tokio::io::BufReader<pipe::Receiver>>,
-    stdout: tokio::process::ChildStdout,
-    stderr: tokio::process::ChildStderr,
-    stdout_open: bool,
-    stderr_open: bool,
-}
-
-#[derive(serde::Deserialize)]
-struct Reply {
-    id: Option<u64>,
-    status: Option<i32>,
-    #[serde(default)]
-    exited: bool,
-    #[serde(default)]
-    ready: bool,
-}
-
-/// Which agent runs an interpreter of this kind, and its file name.
-fn agent_for(kind: InterpreterKind) -> &'static str {
-    match kind {
-        InterpreterKind::Python => PYTHON_AGENT,
-        InterpreterKind::Node => NODE_AGENT,
-        InterpreterKind::Bash => BASH_AGENT,
-    }
 }
 
 impl Sessions {
@@ -203,8 +168,8 @@ impl Sessions {
         if let Some(r) = &reset
             && r.sandbox_lost
         {
-            if let Some(agent) = state.agent.take() {
-                agent.sandbox.kill().await;
+            if let Some(mut agent) = state.agent.take() {
+                agent.kill().await;
             }
             state.reset = Some(r.cause.clone());
         }
@@ -277,79 +242,41 @@ impl Sessions {
         &self,
         env: &Environment,
         kind: InterpreterKind,
-    ) -> Result<Agent, SessionError> {
-        let io =
-            |e: std::io::Error| SessionError::Exec(ExecError::Spawn(format!("session pipes: {e}")));
-        let (requests_r, requests_w) =
-            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io(e.into()))?;
-        let (replies_r, replies_w) =
-            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io(e.into()))?;
-        // The node agent reopens its reply pipe through /proc to make it
-        // close-on-exec; when the sandbox runs as another uid it needs the
-        // permission. Only processes holding the pipe can reach it there.
-        rustix::fs::fchmod(&replies_w, rustix::fs::Mode::from_raw_mode(0o622))
-            .map_err(|e| io(e.into()))?;
-        let args = vec![
-            requests_r.as_raw_fd().to_string(),
-            replies_w.as_raw_fd().to_string(),
-        ];
-        let fds: Vec<OwnedFd> = vec![requests_r, replies_w];
-        let (sandbox, stdout, stderr) = self
+    ) -> Result<Sandbox, SessionError> {
+        let mut sandbox = self
             .executor
-            .start_live(LiveRequest {
+            .start_agent(AgentRequest {
                 env,
                 project: self.project.as_ref(),
                 inherited: &self.inherited,
-                program: agent_for(kind).as_bytes(),
-                args,
-                fds,
+                program: agent::program_for(kind).as_bytes(),
             })
             .await?;
-
-        let requests = pipe::Sender::from_owned_fd(requests_w).map_err(io)?;
-        let replies =
-            tokio::io::BufReader::new(pipe::Receiver::from_owned_fd(replies_r).map_err(io)?)
-                .lines();
-        let mut agent = Agent {
-            sandbox,
-            requests,
-            replies,
-            stdout,
-            stderr,
-            stdout_open: true,
-            stderr_open: true,
+        let limits = crate::environment::Limits {
+            timeout: START_LIMIT,
+            ..env.limits
         };
-        let ready = tokio::time::timeout(START_LIMIT, async {
-            loop {
-                match agent.replies.next_line().await {
-                    Ok(Some(line))
-                        if serde_json::from_str::<Reply>(&line).is_ok_and(|r| r.ready) =>
-                    {
-                        return Ok(());
-                    }
-                    Ok(Some(_)) => continue,
-                    _ => return Err(()),
-                }
-            }
-        })
+        let started = supervise(
+            &mut sandbox,
+            &mut agent::AwaitReady,
+            Watch {
+                limits: &limits,
+                cancel: &CancellationToken::new(),
+                observer: None,
+            },
+        )
         .await;
-        if !matches!(ready, Ok(Ok(()))) {
-            // Say what the interpreter printed, if anything.
-            let mut err = Vec::new();
-            let _ = tokio::time::timeout(
-                Duration::from_millis(200),
-                agent.stderr.read_to_end(&mut err),
-            )
-            .await;
-            agent.sandbox.kill().await;
-            let detail = String::from_utf8_lossy(&err).trim().to_string();
-            return Err(SessionError::Exec(ExecError::Setup(if detail.is_empty() {
-                "the session's interpreter did not start".to_string()
-            } else {
-                detail
-            })));
+        if let End::Replied(()) = started.end {
+            return Ok(sandbox);
         }
-        Ok(agent)
+        // Say what the interpreter printed, if anything.
+        sandbox.kill().await;
+        let detail = started.stderr.text.trim().to_string();
+        Err(SessionError::Exec(ExecError::Setup(if detail.is_empty() {
+            "the session's interpreter did not start".to_string()
+        } else {
+            detail
+        })))
     }
 
     /// Closes sessions idle or older than the limits; returns how many.
@@ -426,17 +353,16 @@ impl Session {
     /// Kills the session's sandbox, after the call in progress, if any.
     async fn close(&self) {
         let mut state = self.live.lock().await;
-        if let Some(agent) = state.agent.take() {
-            agent.sandbox.kill().await;
+        if let Some(mut agent) = state.agent.take() {
+            agent.kill().await;
         }
     }
 }
 
-/// Sends one call to the agent and collects its output until the reply, the
-/// time limit, a cancellation, the output limit or the agent's end. Returns
-/// the outcome and, when the session had to be reset, why.
+/// Runs one call in the agent's sandbox. Returns the outcome and, when the
+/// session had to be reset, why.
 async fn run_call(
-    agent: &mut Agent,
+    sandbox: &mut Sandbox,
     id: u64,
     code: &[u8],
     env: &Environment,
@@ -445,122 +371,52 @@ async fn run_call(
 ) -> (Outcome, Option<Reset>) {
     let limits = env.limits;
     let start = Instant::now();
-    let mut out = Capture::new(limits.output_bytes);
-    let mut err = Capture::new(limits.output_bytes);
-    let mut header = format!("{id} {}\n", code.len()).into_bytes();
-    header.extend_from_slice(code);
-
-    enum End {
-        Replied(Reply),
-        AgentEnded((Option<i32>, Option<i32>)),
-        Timeout,
-        Cancelled,
-        Output,
-        Broken,
-    }
-    let mut total = 0u64;
-    let mut buf_out = vec![0u8; 64 * 1024];
-    let mut buf_err = vec![0u8; 64 * 1024];
-    let deadline = tokio::time::sleep(limits.timeout);
-    tokio::pin!(deadline);
-    let mut send = std::pin::pin!(agent.requests.write_all(&header));
-    let mut sent = false;
-    let record = |stream: Stream, data: &[u8], capture: &mut Capture, total: &mut u64| {
-        capture.push(data);
-        *total += data.len() as u64;
-        if let Some(o) = &observer {
-            o.output(stream, data);
-        }
-    };
-    let end = loop {
-        tokio::select! {
-            r = &mut send, if !sent => {
-                if r.is_err() { break End::Broken; }
-                sent = true;
-            }
-            line = agent.replies.next_line() => match line {
-                Ok(Some(l)) => match serde_json::from_str::<Reply>(&l) {
-                    Ok(r) if r.id == Some(id) => break End::Replied(r),
-                    _ => continue,
-                },
-                _ => break End::Broken,
-            },
-            // The code may close its own stdout or stderr; the call goes on.
-            n = agent.stdout.read(&mut buf_out), if agent.stdout_open => match n {
-                Ok(n) if n > 0 => record(Stream::Stdout, &buf_out[..n], &mut out, &mut total),
-                _ => agent.stdout_open = false,
-            },
-            n = agent.stderr.read(&mut buf_err), if agent.stderr_open => match n {
-                Ok(n) if n > 0 => record(Stream::Stderr, &buf_err[..n], &mut err, &mut total),
-                _ => agent.stderr_open = false,
-            },
-            status = agent.sandbox.exited() => break End::AgentEnded(status),
-            _ = &mut deadline => break End::Timeout,
-            _ = cancel.cancelled() => break End::Cancelled,
-        }
-        if total > limits.output_limit_bytes {
-            break End::Output;
-        }
-    };
-    // A reply channel that closed means the interpreter is ending: say how it ended.
-    let end = match end {
-        End::Broken => {
-            match tokio::time::timeout(Duration::from_secs(1), agent.sandbox.exited()).await {
-                Ok(status) => End::AgentEnded(status),
-                Err(_) => End::Broken,
-            }
-        }
-        other => other,
-    };
-    // Everything the code wrote before the agent replied is in the pipes now.
-    if matches!(end, End::Replied(_)) {
-        read_ready(&agent.stdout, &mut buf_out, |d| {
-            record(Stream::Stdout, d, &mut out, &mut total)
-        });
-        read_ready(&agent.stderr, &mut buf_err, |d| {
-            record(Stream::Stderr, d, &mut err, &mut total)
-        });
-    }
-    let fired = agent.sandbox.fired();
-
-    let cancelled = matches!(end, End::Cancelled);
-    let (exit_code, signal, ours, exited) = match &end {
-        End::Replied(r) => (Some(r.status.unwrap_or(1)), None, None, r.exited),
-        End::AgentEnded((code, sig)) => (*code, *sig, None, false),
-        End::Timeout | End::Cancelled => (
-            None,
-            Some(libc::SIGKILL),
-            (!cancelled).then_some(LimitKind::Timeout),
-            false,
-        ),
-        End::Output => (None, Some(libc::SIGKILL), Some(LimitKind::Output), false),
-        End::Broken => (None, None, None, false),
+    let watched = supervise(
+        sandbox,
+        &mut agent::Call::new(id, code),
+        Watch {
+            limits: &limits,
+            cancel,
+            observer: observer.as_ref(),
+        },
+    )
+    .await;
+    let fired = sandbox.fired();
+    let cancelled = matches!(watched.end, End::Cancelled);
+    let killed = (None, Some(libc::SIGKILL));
+    let ((exit_code, signal), ours, exited) = match &watched.end {
+        End::Replied(r) => ((Some(r.status.unwrap_or(1)), None), None, r.exited),
+        End::Exited(e) => (crate::exec::interpret_exit(e.status), None, false),
+        End::Timeout => (killed, Some(LimitKind::Timeout), false),
+        End::Output => (killed, Some(LimitKind::Output), false),
+        End::Cancelled | End::ReplyOverflow => (killed, None, false),
+        End::Broken => ((None, None), None, false),
     };
     let mut outcome = Outcome {
         exit_code,
         signal,
-        stdout: out.finish(),
-        stderr: err.finish(),
+        stdout: watched.stdout,
+        stderr: watched.stderr,
         duration: start.elapsed(),
         timed_out: ours == Some(LimitKind::Timeout),
         cancelled,
         limit: None,
         limits_reached: Vec::new(),
     };
-    crate::exec::attribute_limits(&mut outcome, ours, fired);
+    attribute_limits(&mut outcome, ours, fired);
     let killed = |cause: String| {
         Some(Reset {
             cause,
             sandbox_lost: true,
         })
     };
-    let reset = match end {
+    let reset = match watched.end {
         End::Replied(_) if exited => Some(Reset {
             cause: "the code ran `exit`, which ended the shell".to_string(),
             sandbox_lost: false,
         }),
         End::Replied(_) => None,
-        End::AgentEnded(_) => killed(match outcome.limit {
+        End::Exited(_) => killed(match outcome.limit {
             Some(LimitKind::Memory) => format!(
                 "the session used more than its {} MiB memory limit",
                 limits.memory_bytes >> 20
@@ -582,6 +438,11 @@ async fn run_call(
         End::Output => killed(format!(
             "a call wrote more than {} MiB of output",
             limits.output_limit_bytes >> 20
+        )),
+        End::ReplyOverflow => killed(format!(
+            "the code wrote to the session's control channel (more than {} bytes in a line or {} KiB in a call)",
+            crate::exec::supervise::REPLY_LINE_CAP,
+            crate::exec::supervise::REPLY_CALL_CAP >> 10
         )),
         End::Broken => killed("the session's interpreter stopped answering".to_string()),
     };

@@ -11,6 +11,8 @@ pub struct Capture {
     head: Vec<u8>,
     tail: VecDeque<u8>,
     total: u64,
+    /// Bytes left in the stream when reading stopped early, and why it stopped.
+    unread: Option<(u64, String)>,
 }
 
 /// A finished capture.
@@ -22,6 +24,9 @@ pub struct Captured {
     pub total_bytes: u64,
     /// Bytes not included in `text`.
     pub dropped_bytes: u64,
+    /// Why the stream could not be read to its end, when it could not (its
+    /// unread bytes are counted in `total_bytes` and `dropped_bytes`).
+    pub incomplete: Option<String>,
 }
 
 impl Capture {
@@ -34,7 +39,13 @@ impl Capture {
             head: Vec::new(),
             tail: VecDeque::new(),
             total: 0,
+            unread: None,
         }
+    }
+
+    /// Records that reading stopped with `bytes` still in the stream, and why.
+    pub fn mark_incomplete(&mut self, bytes: u64, why: &str) {
+        self.unread = Some((bytes, why.to_string()));
     }
 
     pub fn push(&mut self, mut data: &[u8]) {
@@ -59,6 +70,10 @@ impl Capture {
     }
 
     pub fn finish(self) -> Captured {
+        let (unread, incomplete) = match self.unread {
+            Some((bytes, why)) => (bytes, Some(why)),
+            None => (0, None),
+        };
         let mut head = self.head;
         let mut tail: Vec<u8> = self.tail.into();
         let kept = (head.len() + tail.len()) as u64;
@@ -66,8 +81,9 @@ impl Capture {
             head.extend_from_slice(&tail);
             return Captured {
                 text: String::from_utf8_lossy(&head).into_owned(),
-                total_bytes: self.total,
-                dropped_bytes: 0,
+                total_bytes: self.total + unread,
+                dropped_bytes: unread,
+                incomplete,
             };
         }
         // Cut at character boundaries so the edges decode cleanly.
@@ -84,8 +100,9 @@ impl Capture {
         text.push_str(&String::from_utf8_lossy(&tail));
         Captured {
             text,
-            total_bytes: self.total,
-            dropped_bytes: dropped,
+            total_bytes: self.total + unread,
+            dropped_bytes: dropped + unread,
+            incomplete,
         }
     }
 }
@@ -156,6 +173,17 @@ mod tests {
         assert!(c.head.len() + c.tail.len() <= 1000);
         assert!(c.tail.capacity() < 70_000);
         assert_eq!(c.total(), 65_536_000);
+    }
+
+    #[test]
+    fn an_incomplete_stream_keeps_what_was_read_and_counts_the_rest() {
+        let mut c = Capture::new(100);
+        c.push(b"read so far");
+        c.mark_incomplete(4096, "still open");
+        let r = c.finish();
+        assert_eq!(r.text, "read so far");
+        assert_eq!((r.total_bytes, r.dropped_bytes), (11 + 4096, 4096));
+        assert_eq!(r.incomplete.as_deref(), Some("still open"));
     }
 
     #[test]

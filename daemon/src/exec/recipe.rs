@@ -1,0 +1,122 @@
+//! Recipes: everything a sandbox is fixed to before any call arrives
+//! (bubblewrap's options, the command, the seccomp programs, the rlimits and
+//! the cgroup limits), and the key under which prepared sandboxes wait.
+//! Options are built with placeholder descriptors and paths, so equal calls
+//! have equal keys.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::ExecError;
+use crate::environment::Environment;
+use crate::jail::{self, Call, HostLayout, ProjectMount};
+use crate::limits::{Enforcer, Rlimit};
+use crate::seccomp::{self, Programs};
+
+/// What distinguishes one kind of prepared sandbox from another.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct RecipeKey {
+    options: Vec<u8>,
+    pub(super) command: Vec<String>,
+    seccomp_allow: Vec<String>,
+    rlimits: Vec<(u32, u64)>,
+    memory_bytes: u64,
+    pids: u64,
+}
+
+/// Everything needed to prepare a sandbox for one kind of call.
+#[derive(Debug)]
+pub(super) struct Recipe {
+    pub(super) key: RecipeKey,
+    pub(super) env: Environment,
+    pub(super) project: Option<ProjectMount>,
+    pub(super) inherited: Vec<(String, String)>,
+    pub(super) rlimits: Vec<Rlimit>,
+    pub(super) programs: Arc<Programs>,
+    /// Where the code file appears in the sandbox.
+    pub(super) code_path: String,
+}
+
+/// Compiled seccomp programs, once per distinct allow-list.
+#[derive(Debug, Default)]
+pub(super) struct SeccompCache(Mutex<HashMap<Vec<String>, Arc<Programs>>>);
+
+impl SeccompCache {
+    pub(super) fn get(&self, allow: &[String]) -> Result<Arc<Programs>, seccomp::SeccompError> {
+        let mut cache = self.0.lock().unwrap();
+        if let Some(p) = cache.get(allow) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(seccomp::compile(allow)?);
+        cache.insert(allow.to_vec(), p.clone());
+        Ok(p)
+    }
+}
+
+/// The inputs of a recipe besides the host's.
+pub(super) struct Ingredients<'a> {
+    pub(super) env: &'a Environment,
+    pub(super) project: Option<&'a ProjectMount>,
+    pub(super) inherited: &'a [(String, String)],
+    /// Where the code (or a session's agent) file appears in the sandbox.
+    pub(super) code_path: String,
+    /// Arguments after the interpreter's command (a session agent's descriptors).
+    pub(super) extra_args: Vec<String>,
+}
+
+impl Recipe {
+    pub(super) fn new(
+        layout: &HostLayout,
+        enforcer: &Enforcer,
+        seccomp: &SeccompCache,
+        i: Ingredients,
+    ) -> Result<Recipe, ExecError> {
+        let programs = seccomp
+            .get(&i.env.seccomp_allow)
+            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+        let rlimits = enforcer.rlimits(&i.env.limits);
+        let placeholder = Call {
+            env: i.env,
+            project: i.project,
+            code_file: Some((Path::new("/code"), &i.code_path)),
+            block_fd: Some(0),
+            seccomp_fds: vec![0, 0],
+            status_fd: Some(0),
+            inherited: i.inherited,
+        };
+        let mut command = i.env.command_for(&i.code_path);
+        command.extend(i.extra_args);
+        Ok(Recipe {
+            key: RecipeKey {
+                options: nul_separated(jail::bwrap_options(layout, &placeholder)),
+                command,
+                seccomp_allow: i.env.seccomp_allow.clone(),
+                rlimits: rlimits
+                    .iter()
+                    .map(|r| (r.resource as u32, r.value))
+                    .collect(),
+                memory_bytes: i.env.limits.memory_bytes,
+                pids: i.env.limits.pids,
+            },
+            env: i.env.clone(),
+            project: i.project.cloned(),
+            inherited: i.inherited.to_vec(),
+            rlimits,
+            programs,
+            code_path: i.code_path,
+        })
+    }
+}
+
+/// bubblewrap's `--args` format.
+pub(super) fn nul_separated(args: Vec<OsString>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for a in args {
+        out.extend_from_slice(a.as_bytes());
+        out.push(0);
+    }
+    out
+}

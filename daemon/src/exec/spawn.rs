@@ -1,0 +1,457 @@
+//! Processes: starting bubblewrap for a recipe (the fork and exec, with the
+//! rlimits, the identity switch and exactly the descriptors bubblewrap needs
+//! set up between the two; then, off the call's critical path, moving the
+//! waiting bubblewrap into its cgroup and handing it its options and seccomp
+//! programs), and holding every process the daemon starts or inherits by
+//! pidfd: exits are awaited on the runtime, signals reach the process a
+//! descriptor names (never a recycled pid), and everything is reaped. A
+//! process dropped while it still runs is killed and reaped later; with
+//! [`become_subreaper`], the sandboxes' own init processes, which bubblewrap
+//! may leave behind, come back to the daemon instead of the host's PID 1 and
+//! are reaped here too. The only file of exec with `unsafe`.
+
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
+use tokio::io::unix::AsyncFd;
+
+use super::recipe::{Recipe, nul_separated};
+use super::sandbox::Prepared;
+use super::status::Status;
+use crate::jail::{self, Call};
+use crate::limits::{Enforcer, Lease, Rlimit};
+use crate::platform::Platform;
+
+/// How long bubblewrap may take to create the sandbox's namespaces.
+const INIT_LIMIT: Duration = Duration::from_secs(10);
+
+/// A bubblewrap just started, blocked reading its options, not yet in its cgroup.
+pub(super) struct Spawned {
+    process: Process,
+    lease: Lease,
+    code: tempfile::NamedTempFile,
+    block: OwnedFd,
+    status: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    /// Write ends: the options, the two seccomp programs.
+    options: OwnedFd,
+    seccomp: [OwnedFd; 2],
+    options_data: Vec<u8>,
+}
+
+/// Starts bubblewrap for `recipe`, passing `extra` descriptors on to the
+/// command at their current numbers. Fast (one fork and exec); must run in
+/// the tokio runtime, on a thread that outlives the sandbox (bubblewrap's
+/// parent-death signal follows the thread that forked it).
+pub(super) fn spawn(
+    platform: &Platform,
+    enforcer: &Enforcer,
+    recipe: &Recipe,
+    extra: Vec<OwnedFd>,
+) -> io::Result<Spawned> {
+    let lease = enforcer.reserve()?;
+    let pipe =
+        || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from);
+    let (options_r, options_w) = pipe()?;
+    let (sc0_r, sc0_w) = pipe()?;
+    let (sc1_r, sc1_w) = pipe()?;
+    let (status_r, status_w) = pipe()?;
+    let (block_r, block_w) = pipe()?;
+    rustix::fs::fcntl_setfl(&status_r, rustix::fs::OFlags::NONBLOCK)?;
+    let code = platform.code_file()?;
+    let call = Call {
+        env: &recipe.env,
+        project: recipe.project.as_ref(),
+        code_file: Some((code.path(), &recipe.code_path)),
+        block_fd: Some(block_r.as_raw_fd()),
+        seccomp_fds: vec![sc0_r.as_raw_fd(), sc1_r.as_raw_fd()],
+        status_fd: Some(status_w.as_raw_fd()),
+        inherited: &recipe.inherited,
+    };
+    let options_data = nul_separated(jail::bwrap_options(&platform.layout, &call));
+    let options_fd = options_r.as_raw_fd();
+    let plan = ChildPlan {
+        hard: recipe
+            .rlimits
+            .iter()
+            .map(|r| rustix::process::getrlimit(r.resource).maximum)
+            .collect(),
+        rlimits: recipe.rlimits.clone(),
+        inherit: Arc::new(
+            [options_r, sc0_r, sc1_r, status_w, block_r]
+                .into_iter()
+                .chain(extra)
+                .collect(),
+        ),
+        run_as: platform.run_as,
+        parent: rustix::process::getpid(),
+    };
+    let mut cmd = std::process::Command::new(&platform.bwrap);
+    cmd.arg("--args")
+        .arg(options_fd.to_string())
+        .arg("--")
+        .args(&recipe.key.command)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    // SAFETY: the closure runs between fork and exec in the child. `apply`
+    // makes only async-signal-safe system calls on data prepared before the
+    // fork, and does not allocate, lock, or touch the parent's threads.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || plan.apply());
+    }
+    let mut child = cmd.spawn()?;
+    let stdout = OwnedFd::from(child.stdout.take().expect("piped"));
+    let stderr = OwnedFd::from(child.stderr.take().expect("piped"));
+    let process = match Process::adopt(child.id()) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
+    Ok(Spawned {
+        process,
+        lease,
+        code,
+        block: block_w,
+        status: status_r,
+        stdout,
+        stderr,
+        options: options_w,
+        seccomp: [sc0_w, sc1_w],
+        options_data,
+    })
+}
+
+impl Spawned {
+    /// Moves the waiting bubblewrap into its cgroup with the run's limits,
+    /// hands it its options and seccomp programs, and waits until it has
+    /// created the sandbox's init; it then builds the mounts and waits to
+    /// start the command. Blocking (the cgroup migration waits for the
+    /// kernel; see [`Lease::adopt`]).
+    pub(super) fn set_up(mut self, recipe: &Recipe) -> io::Result<Prepared> {
+        self.lease.apply(&recipe.env.limits)?;
+        self.lease.adopt(self.process.pid())?;
+        // A write fails only when bubblewrap has exited; the run reports why.
+        let _ = std::fs::File::from(self.options).write_all(&self.options_data);
+        for (fd, program) in self.seccomp.into_iter().zip(&recipe.programs.0) {
+            let _ = std::fs::File::from(fd).write_all(program);
+        }
+        let mut status = Status::new(self.status);
+        let init = status
+            .wait_for_init(INIT_LIMIT)
+            .and_then(|pid| watch_child_of(pid, &mut self.process));
+        Ok(Prepared {
+            process: self.process,
+            init,
+            lease: self.lease,
+            code: self.code,
+            block: self.block,
+            status,
+            stdout: self.stdout,
+            stderr: self.stderr,
+        })
+    }
+}
+
+/// A pidfd on `pid`, provided it is the sandbox init that `parent`
+/// (bubblewrap, alive) started: a pid read from a pipe could otherwise name
+/// a process that has since been reaped and replaced.
+fn watch_child_of(pid: i32, parent: &mut Process) -> Option<Watched> {
+    let watched = Watched::open(pid).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: parse after it.
+    let ppid: u32 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    (ppid == parent.pid() && parent.try_exit().is_none()).then_some(watched)
+}
+
+/// Reaps `pid` if it has ended, with its resource usage.
+fn reap(pid: Pid) -> Option<Exit> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 writes only into the two local variables passed by pointer.
+    let r = unsafe {
+        libc::wait4(
+            pid.as_raw_nonzero().get(),
+            &mut status,
+            libc::WNOHANG,
+            &mut usage,
+        )
+    };
+    if r == 0 {
+        return None;
+    }
+    if r < 0 {
+        // Only a bug elsewhere (another waiter) gets here; report a kill
+        // rather than wait forever for a status that will never come.
+        tracing::error!("process {pid:?} was reaped by someone else");
+        status = libc::SIGKILL;
+    }
+    let time =
+        |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Some(Exit {
+        status: ExitStatus::from_raw(status),
+        cpu: time(usage.ru_utime) + time(usage.ru_stime),
+        max_rss_bytes: (usage.ru_maxrss as u64) * 1024,
+    })
+}
+
+/// Everything the child does between fork and exec, prepared in the parent.
+struct ChildPlan {
+    rlimits: Vec<Rlimit>,
+    /// The daemon's hard limits, read before the fork: the child must not allocate.
+    hard: Vec<Option<u64>>,
+    /// Descriptors bubblewrap must inherit (their close-on-exec flag is cleared).
+    inherit: Arc<Vec<OwnedFd>>,
+    run_as: Option<(u32, u32)>,
+    /// The daemon: bubblewrap must not outlive it.
+    parent: Pid,
+}
+
+impl ChildPlan {
+    /// Runs in the forked child: set the rlimits, give up root if we have it,
+    /// and pass bubblewrap exactly the descriptors it needs (any the daemon
+    /// itself inherited stay out of the sandbox). Only system calls.
+    fn apply(&self) -> io::Result<()> {
+        use rustix::process::{Resource, setrlimit};
+        for (r, hard) in self.rlimits.iter().zip(&self.hard) {
+            let cap = |v: u64| hard.map_or(v, |h| v.min(h));
+            // CPU: the soft limit sends SIGXCPU (reported as "cpu"); the hard
+            // limit, a little later, SIGKILL for programs that ignore it.
+            let max = if r.resource == Resource::Cpu {
+                r.value + 2
+            } else {
+                r.value
+            };
+            let limit = rustix::process::Rlimit {
+                current: Some(cap(r.value)),
+                maximum: Some(cap(max)),
+            };
+            setrlimit(r.resource, limit)?;
+        }
+        if let Some((uid, gid)) = self.run_as {
+            let gid = rustix::process::Gid::from_raw(gid);
+            rustix::thread::set_thread_groups(&[])?;
+            rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+            let uid = rustix::process::Uid::from_raw(uid);
+            rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+        }
+        // Until bubblewrap has read its options (and set its own parent-death
+        // signal) nothing else would kill it if the daemon died. Set after
+        // the identity switch, which clears it; the check catches a daemon
+        // that died before.
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+        if rustix::process::getppid() != Some(self.parent) {
+            return Err(io::Error::other("the daemon is gone"));
+        }
+        close_inherited_descriptors();
+        for fd in self.inherit.iter() {
+            rustix::io::fcntl_setfd(fd.as_fd(), rustix::io::FdFlags::empty())?;
+        }
+        Ok(())
+    }
+}
+
+/// Marks every descriptor above stderr close-on-exec.
+fn close_inherited_descriptors() {
+    // SAFETY: close_range only changes descriptor flags; it touches no memory.
+    // Called in the forked child before exec, where it is async-signal-safe.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r != 0 {
+        // Kernels before 5.11: walk the usual range instead.
+        for fd in 3..4096 {
+            // SAFETY: fcntl on a possibly-closed descriptor fails harmlessly.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
+}
+
+/// How a reaped process ended and what it used.
+#[derive(Debug, Clone, Copy)]
+pub struct Exit {
+    pub status: ExitStatus,
+    /// User plus system CPU time of the process and the children it waited for.
+    pub cpu: Duration,
+    /// Largest resident set of the process or of any child it waited for.
+    pub max_rss_bytes: u64,
+}
+
+/// A child of the daemon. Dropped before it was reaped, it is killed with its
+/// process group and reaped in the background.
+#[derive(Debug)]
+pub struct Process {
+    pid: Pid,
+    pidfd: AsyncFd<OwnedFd>,
+    exit: Option<Exit>,
+}
+
+impl Process {
+    /// Takes charge of `pid`, a child just spawned and not yet waited for.
+    /// Needs a tokio runtime (the descriptor is registered with its reactor).
+    pub fn adopt(pid: u32) -> io::Result<Process> {
+        let pid = Pid::from_raw(pid as i32).ok_or_else(|| io::Error::other("pid 0"))?;
+        let fd = rustix::process::pidfd_open(pid, PidfdFlags::NONBLOCK)?;
+        // SAFETY: `fd` is an open pidfd that the AsyncFd owns, unchanged,
+        // for its whole life.
+        let pidfd = unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?;
+        Ok(Process {
+            pid,
+            pidfd,
+            exit: None,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw_nonzero().get() as u32
+    }
+
+    /// The exit, if the process has ended (reaping it then).
+    pub fn try_exit(&mut self) -> Option<Exit> {
+        if self.exit.is_none() {
+            self.exit = reap(self.pid);
+        }
+        self.exit
+    }
+
+    /// Waits for the process to end. Cancel-safe.
+    pub async fn exit(&mut self) -> Exit {
+        loop {
+            if let Some(e) = self.try_exit() {
+                return e;
+            }
+            match self.pidfd.readable().await {
+                Ok(mut ready) => {
+                    if reap(self.pid).map(|e| self.exit = Some(e)).is_none() {
+                        ready.clear_ready();
+                    }
+                }
+                // The reactor is gone (runtime shutdown): nothing to wait with.
+                Err(_) => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// Sends SIGKILL to the process and to its process group (it leads one).
+    pub fn kill(&self) {
+        if self.exit.is_some() {
+            return;
+        }
+        let _ = rustix::process::pidfd_send_signal(self.pidfd.get_ref(), Signal::KILL);
+        // The group id cannot have been reused: its leader is not reaped yet.
+        let _ = rustix::process::kill_process_group(self.pid, Signal::KILL);
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if self.try_exit().is_none() {
+            self.kill();
+            if let Ok(fd) = self.pidfd.get_ref().try_clone() {
+                Orphans::keep(fd);
+            }
+        }
+    }
+}
+
+/// A process that is not (yet) the daemon's child, such as a sandbox's init,
+/// held by a pidfd so that it can be signalled safely and reaped once it is
+/// handed to the daemon.
+#[derive(Debug)]
+pub struct Watched {
+    pidfd: OwnedFd,
+}
+
+impl Watched {
+    /// Opens `pid`, which the caller knows to be alive and unreaped (the
+    /// child of a process it holds), so that the number cannot have been reused.
+    pub fn open(pid: i32) -> io::Result<Watched> {
+        let pid = Pid::from_raw(pid).ok_or_else(|| io::Error::other("pid 0"))?;
+        Ok(Watched {
+            pidfd: rustix::process::pidfd_open(pid, PidfdFlags::NONBLOCK)?,
+        })
+    }
+
+    pub fn kill(&self) {
+        let _ = rustix::process::pidfd_send_signal(&self.pidfd, Signal::KILL);
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        // Its parent (bubblewrap) normally reaps it; when bubblewrap ended
+        // first, the process is ours (we are its subreaper) or PID 1's.
+        if !reap_pidfd(&self.pidfd)
+            && let Ok(fd) = self.pidfd.try_clone()
+        {
+            Orphans::keep(fd);
+        }
+    }
+}
+
+/// Makes the daemon the reaper of its descendants' orphans (instead of the
+/// host's PID 1, which in containers may never reap them).
+pub fn become_subreaper() -> io::Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    Ok(())
+}
+
+/// Processes that were killed or handed over but not yet reaped.
+struct Orphans;
+
+static ORPHANS: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
+
+impl Orphans {
+    fn keep(fd: OwnedFd) {
+        let mut list = ORPHANS.lock().unwrap_or_else(|p| p.into_inner());
+        list.push(fd);
+    }
+}
+
+/// Reaps every kept process that has ended; forgets those that will never be
+/// the daemon's to reap. Cheap; called after each run and periodically.
+pub fn reap_orphans() {
+    let mut list = ORPHANS.lock().unwrap_or_else(|p| p.into_inner());
+    list.retain(|fd| !reap_pidfd(fd));
+}
+
+/// How many processes still wait to be reaped (for tests and `doctor`).
+pub fn orphans_pending() -> usize {
+    ORPHANS.lock().map(|l| l.len()).unwrap_or(0)
+}
+
+/// True when the process behind `fd` is gone for us: reaped now, or not our
+/// child at all (its parent reaps it).
+fn reap_pidfd(fd: &OwnedFd) -> bool {
+    match rustix::process::waitid(
+        WaitId::PidFd(fd.as_fd()),
+        WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+    ) {
+        Ok(Some(_)) => true,
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}

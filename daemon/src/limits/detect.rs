@@ -1,0 +1,232 @@
+//! Which cgroup mechanism this host offers the daemon, and why not when it
+//! offers none: reads the mount table and the daemon's own cgroups, claims
+//! a container of its own (removing containers left by dead daemons), and
+//! returns the hierarchy the group pool will use.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::cgroup_v1::CgroupV1;
+use super::cgroup_v2::CgroupV2;
+use super::groups::{Hierarchy, kill_pids_in, subdirectories, write_file};
+
+const CONTAINER_PREFIX: &str = "nix-sandbox-mcp-";
+
+/// The best hierarchy available: cgroup v2, else v1, else why neither.
+pub(super) fn hierarchy() -> Result<Box<dyn Hierarchy>, String> {
+    match detect_v2() {
+        Ok(h) => Ok(Box::new(h)),
+        Err(v2) => match detect_v1() {
+            Ok(h) => Ok(Box::new(h)),
+            Err(v1) => Err(format!("{v2}; {v1}")),
+        },
+    }
+}
+
+/// A mount from /proc/self/mountinfo.
+struct Mount {
+    root: String,
+    point: PathBuf,
+    fstype: String,
+    options: String,
+}
+
+fn mounts() -> Vec<Mount> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let pre: Vec<&str> = pre.split(' ').collect();
+            let post: Vec<&str> = post.split(' ').collect();
+            Some(Mount {
+                root: unescape_mount(pre.get(3)?),
+                point: PathBuf::from(unescape_mount(pre.get(4)?)),
+                fstype: post.first()?.to_string(),
+                options: post.get(2).unwrap_or(&"").to_string(),
+            })
+        })
+        .collect()
+}
+
+fn unescape_mount(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Our cgroup path in the hierarchy identified by `controller` ("" for v2).
+fn own_cgroup(controller: &str) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let id = parts.next()?;
+        let ctrls = parts.next()?;
+        let path = parts.next()?;
+        let matches = if controller.is_empty() {
+            id == "0" && ctrls.is_empty()
+        } else {
+            ctrls.split(',').any(|c| c == controller)
+        };
+        matches.then(|| path.to_string())
+    })
+}
+
+fn host_path(mount: &Mount, cgroup: &str) -> PathBuf {
+    let rel = cgroup
+        .strip_prefix(mount.root.trim_end_matches('/'))
+        .unwrap_or(cgroup);
+    mount.point.join(rel.trim_start_matches('/'))
+}
+
+/// `nix-sandbox-mcp-<pid>-<n>`: the pid tells whether the owner is alive,
+/// `n` keeps several enforcers of one process apart.
+fn container_name() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{CONTAINER_PREFIX}{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Removes containers left behind by daemons that died without cleaning up.
+fn remove_stale_containers(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name
+            .strip_prefix(CONTAINER_PREFIX)
+            .and_then(|p| p.split('-').next()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        // Its owner died without cleaning up (killed, say, while it was
+        // setting a sandbox up): nothing in its groups may live on.
+        let groups = subdirectories(&e.path());
+        for g in &groups {
+            kill_pids_in(g);
+        }
+        for g in &groups {
+            for _ in 0..100 {
+                if fs::remove_dir(g).is_ok() || !g.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = fs::remove_dir(e.path());
+    }
+}
+
+fn detect_v2() -> Result<CgroupV2, String> {
+    let mount = mounts()
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2")
+        .ok_or("cgroup v2: not mounted")?;
+    let own = own_cgroup("").ok_or("cgroup v2: this process has no unified cgroup")?;
+    let base = host_path(&mount, &own);
+    let available = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+    for c in ["memory", "pids"] {
+        if !available.split_whitespace().any(|x| x == c) {
+            return Err(format!(
+                "cgroup v2: the {c} controller is not delegated to {}",
+                base.display()
+            ));
+        }
+    }
+    if own != "/" {
+        // The "no internal processes" rule: controllers can only be enabled for
+        // children once our own group holds no processes, so we move into a leaf.
+        // That is only ours to do when we are alone in the group.
+        let procs =
+            fs::read_to_string(base.join("cgroup.procs")).map_err(|e| format!("cgroup v2: {e}"))?;
+        let me = std::process::id().to_string();
+        if procs.lines().any(|p| p.trim() != me) {
+            return Err(format!(
+                "cgroup v2: {} is shared with other processes, so it cannot be delegated (run the server in its own scope, e.g. `systemd-run --user --scope -p Delegate=yes nix-sandbox-mcp --stdio`)",
+                base.display()
+            ));
+        }
+        let leaf = base.join("daemon");
+        fs::create_dir_all(&leaf)
+            .map_err(|e| format!("cgroup v2: cannot create {}: {e}", leaf.display()))?;
+        write_file(&leaf.join("cgroup.procs"), "0")
+            .map_err(|e| format!("cgroup v2: cannot move into {}: {e}", leaf.display()))?;
+    }
+    remove_stale_containers(&base);
+    write_file(&base.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
+        format!(
+            "cgroup v2: cannot enable memory and pids in {}: {e}",
+            base.display()
+        )
+    })?;
+    let container = base.join(container_name());
+    fs::create_dir_all(&container)
+        .map_err(|e| format!("cgroup v2: cannot create {}: {e}", container.display()))?;
+    write_file(&container.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
+        let _ = fs::remove_dir(&container);
+        format!(
+            "cgroup v2: cannot enable controllers in {}: {e}",
+            container.display()
+        )
+    })?;
+    Ok(CgroupV2 { container })
+}
+
+fn detect_v1() -> Result<CgroupV1, String> {
+    let all = mounts();
+    let name = container_name();
+    let mut dirs = Vec::new();
+    for controller in ["memory", "pids"] {
+        let mount = all
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.options.split(',').any(|o| o == controller))
+            .ok_or_else(|| format!("cgroup v1: no {controller} hierarchy"))?;
+        let own =
+            own_cgroup(controller).ok_or_else(|| format!("cgroup v1: no {controller} cgroup"))?;
+        let base = host_path(mount, &own);
+        remove_stale_containers(&base);
+        let container = base.join(&name);
+        fs::create_dir_all(&container)
+            .map_err(|e| format!("cgroup v1: cannot create {}: {e}", container.display()))?;
+        dirs.push(container);
+    }
+    let pids = dirs.pop().expect("two hierarchies");
+    let memory = dirs.pop().expect("two hierarchies");
+    Ok(CgroupV1 { memory, pids })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_cgroup_paths_onto_mounts() {
+        let m = Mount {
+            root: "/".into(),
+            point: "/sys/fs/cgroup/memory".into(),
+            fstype: "cgroup".into(),
+            options: "rw,memory".into(),
+        };
+        assert_eq!(
+            host_path(&m, "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/memory/a/b")
+        );
+        let m = Mount {
+            root: "/a".into(),
+            ..m
+        };
+        assert_eq!(
+            host_path(&m, "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/memory/b")
+        );
+    }
+}

@@ -1,0 +1,257 @@
+//! The pool of per-sandbox cgroups, whatever the hierarchy: groups are
+//! created ahead of time, handed out one per sandbox, and after use emptied
+//! and returned by a background thread, so no cgroup is created or removed
+//! on a call's critical path.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Counters, Mechanism};
+use crate::environment::Limits;
+
+/// A cgroup layout that can hold per-sandbox groups (cgroup v2, or v1 with
+/// one directory per controller hierarchy).
+pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
+    fn mechanism(&self) -> Mechanism;
+    fn describe(&self) -> String;
+    /// The directories (one per hierarchy) under which groups are created.
+    fn containers(&self) -> Vec<PathBuf>;
+    /// Writes `limits` into a group's directories.
+    fn apply(&self, dirs: &[PathBuf], limits: &Limits) -> io::Result<()>;
+    fn counters(&self, dirs: &[PathBuf]) -> Counters;
+    /// Kills everything in the group at once, where the hierarchy can.
+    fn kill_at_once(&self, _dirs: &[PathBuf]) -> bool {
+        false
+    }
+}
+
+/// One sandbox's group: a directory per hierarchy.
+#[derive(Debug)]
+pub(super) struct Group {
+    dirs: Vec<PathBuf>,
+    /// Limits currently written to the group, to skip rewriting them.
+    applied: Option<(u64, u64)>,
+}
+
+#[derive(Debug)]
+pub(super) struct GroupPool {
+    hierarchy: Box<dyn Hierarchy>,
+    free: Mutex<Vec<Group>>,
+    next_id: Mutex<u64>,
+    /// Finished groups go here; a background thread waits for each to empty
+    /// and returns it to `free`.
+    recycle: Mutex<Option<std::sync::mpsc::Sender<Group>>>,
+}
+
+impl GroupPool {
+    pub(super) fn start(hierarchy: Box<dyn Hierarchy>) -> Arc<GroupPool> {
+        let (tx, rx) = std::sync::mpsc::channel::<Group>();
+        let pool = Arc::new(GroupPool {
+            hierarchy,
+            free: Mutex::new(Vec::new()),
+            next_id: Mutex::new(0),
+            recycle: Mutex::new(Some(tx)),
+        });
+        let weak = Arc::downgrade(&pool);
+        let spawned = std::thread::Builder::new()
+            .name("cgroup-recycler".into())
+            .spawn(move || {
+                for group in rx {
+                    let Some(pool) = weak.upgrade() else { break };
+                    if pool.wait_empty(&group, Duration::from_secs(2)) {
+                        pool.free.lock().unwrap().push(group);
+                    } else {
+                        tracing::warn!("cgroup {:?} did not empty; discarding it", group.dirs);
+                        pool.kill(&group);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the cgroup recycler ({e}); groups are not reused");
+            *pool.recycle.lock().unwrap() = None;
+        }
+        pool
+    }
+
+    pub(super) fn mechanism(&self) -> Mechanism {
+        self.hierarchy.mechanism()
+    }
+
+    pub(super) fn describe(&self) -> String {
+        self.hierarchy.describe()
+    }
+
+    /// Creates `count` groups now.
+    pub(super) fn warm(&self, count: usize) {
+        let mut made = Vec::new();
+        for _ in 0..count {
+            match self.create() {
+                Ok(g) => made.push(g),
+                Err(e) => {
+                    tracing::warn!("cannot prepare a cgroup: {e}");
+                    break;
+                }
+            }
+        }
+        self.free.lock().unwrap().extend(made);
+    }
+
+    /// A free group, or a new one.
+    pub(super) fn take(&self) -> io::Result<Group> {
+        let free = self.free.lock().unwrap().pop();
+        match free {
+            Some(g) => Ok(g),
+            None => self.create(),
+        }
+    }
+
+    fn create(&self) -> io::Result<Group> {
+        let id = {
+            let mut n = self.next_id.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        let mut dirs = Vec::new();
+        for c in self.hierarchy.containers() {
+            let d = c.join(format!("run-{id}"));
+            match fs::create_dir(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            dirs.push(d);
+        }
+        Ok(Group {
+            dirs,
+            applied: None,
+        })
+    }
+
+    pub(super) fn adopt(&self, g: &Group, pid: u32) -> io::Result<()> {
+        for dir in &g.dirs {
+            write_file(&dir.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply(&self, g: &mut Group, limits: &Limits) -> io::Result<()> {
+        let wanted = (limits.memory_bytes, limits.pids);
+        if g.applied != Some(wanted) {
+            self.hierarchy.apply(&g.dirs, limits)?;
+            g.applied = Some(wanted);
+        }
+        Ok(())
+    }
+
+    pub(super) fn counters(&self, g: &Group) -> Counters {
+        self.hierarchy.counters(&g.dirs)
+    }
+
+    pub(super) fn kill(&self, g: &Group) {
+        if !self.hierarchy.kill_at_once(&g.dirs) {
+            for d in &g.dirs {
+                kill_pids_in(d);
+            }
+        }
+    }
+
+    /// Returns a finished group to the pool once it is empty, in the background.
+    pub(super) fn recycle(&self, group: Group) {
+        let sender = self.recycle.lock().unwrap().clone();
+        if let Some(tx) = sender {
+            let _ = tx.send(group);
+        }
+    }
+
+    fn wait_empty(&self, g: &Group, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if g.dirs.iter().all(|d| procs(d).is_empty()) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.kill(g);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Removes every group and container (at shutdown).
+    pub(super) fn cleanup(&self) {
+        *self.recycle.lock().unwrap() = None;
+        // Sandboxes still being prepared are in groups no lease returned yet.
+        for c in self.hierarchy.containers() {
+            for g in subdirectories(&c) {
+                kill_pids_in(&g);
+            }
+        }
+        for g in self.free.lock().unwrap().drain(..) {
+            for d in &g.dirs {
+                let _ = fs::remove_dir(d);
+            }
+        }
+        for c in self.hierarchy.containers() {
+            let _ = fs::remove_dir(c);
+        }
+    }
+}
+
+pub(super) fn write_file(path: &Path, value: &str) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(value.as_bytes())
+}
+
+/// Reads `key N` from a flat-keyed cgroup file.
+pub(super) fn read_key(path: &Path, key: &str) -> Option<u64> {
+    fs::read_to_string(path).ok()?.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+pub(super) fn subdirectories(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The processes in one cgroup directory.
+fn procs(group: &Path) -> Vec<i32> {
+    fs::read_to_string(group.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+pub(super) fn kill_pids_in(group: &Path) {
+    for pid in procs(group) {
+        if let Some(p) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_flat_keyed_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("memory.events");
+        fs::write(&f, "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n").unwrap();
+        assert_eq!(read_key(&f, "oom_kill"), Some(2));
+        assert_eq!(read_key(&f, "max"), Some(3));
+        assert_eq!(read_key(&f, "absent"), None);
+    }
+}

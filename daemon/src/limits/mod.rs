@@ -1,0 +1,249 @@
+//! How resource limits are enforced on this host. `detect.rs` decides, once,
+//! which mechanism the host offers and why; each mechanism is a file behind
+//! one interface: cgroup v2 (`cgroup_v2.rs`) and cgroup v1 leaf groups
+//! (`cgroup_v1.rs`) through the pool of groups in `groups.rs`, and rlimits
+//! (`rlimits.rs`), which always cover CPU time, file size and open files and
+//! stand in for memory and processes when no cgroup does. Knows nothing
+//! about bubblewrap or MCP.
+
+mod cgroup_v1;
+mod cgroup_v2;
+mod detect;
+mod groups;
+mod rlimits;
+
+use std::io;
+use std::sync::Arc;
+
+use crate::environment::Limits;
+use groups::{Group, GroupPool};
+pub use rlimits::Rlimit;
+
+/// The active enforcement mechanism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    CgroupV2,
+    CgroupV1,
+    Rlimits,
+}
+
+impl Mechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::CgroupV2 => "cgroup v2",
+            Mechanism::CgroupV1 => "cgroup v1",
+            Mechanism::Rlimits => "rlimits",
+        }
+    }
+}
+
+/// Limits that fired during a run, as far as the mechanism can tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fired {
+    pub memory: bool,
+    pub pids: bool,
+}
+
+/// Kernel counters of a group, against which fired limits are judged.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    oom_kills: u64,
+    pids_max_hits: u64,
+}
+
+/// Decides and applies limits for every run of this daemon.
+#[derive(Debug)]
+pub struct Enforcer {
+    groups: Option<Arc<GroupPool>>,
+    rlimits: rlimits::Policy,
+    /// Why no cgroup is used, when none is.
+    fallback_note: Option<String>,
+}
+
+impl Enforcer {
+    /// Probes the host. Never fails: the worst case is rlimits alone, with the
+    /// reason kept for `doctor`.
+    pub fn detect(sandbox_uid: u32) -> Enforcer {
+        match detect::hierarchy() {
+            Ok(h) => Enforcer {
+                groups: Some(GroupPool::start(h)),
+                rlimits: rlimits::Policy::with_cgroups(),
+                fallback_note: None,
+            },
+            Err(why) => Enforcer::rlimits_only(sandbox_uid, &why),
+        }
+    }
+
+    /// An enforcer that uses rlimits only (`NIX_SANDBOX_LIMITS=rlimits`, or
+    /// no usable cgroup).
+    pub fn rlimits_only(sandbox_uid: u32, why: &str) -> Enforcer {
+        Enforcer {
+            groups: None,
+            rlimits: rlimits::Policy::without_cgroups(sandbox_uid),
+            fallback_note: Some(why.to_string()),
+        }
+    }
+
+    pub fn mechanism(&self) -> Mechanism {
+        match &self.groups {
+            Some(g) => g.mechanism(),
+            None => Mechanism::Rlimits,
+        }
+    }
+
+    /// A sentence for `doctor` and `envs`.
+    pub fn describe(&self) -> String {
+        match (&self.groups, &self.fallback_note) {
+            (Some(g), _) => format!("{}; rlimits for cpu, file size, open files", g.describe()),
+            (None, note) => format!(
+                "rlimits only (memory as RLIMIT_DATA, processes as RLIMIT_NPROC); no usable cgroup: {}",
+                note.as_deref().unwrap_or("not probed")
+            ),
+        }
+    }
+
+    /// Creates `count` groups ahead of time so runs never wait on mkdir.
+    pub fn warm(&self, count: usize) {
+        if let Some(g) = &self.groups {
+            g.warm(count);
+        }
+    }
+
+    /// Reserves a group for one sandbox (none in rlimit mode). The sandbox's
+    /// bubblewrap is moved into it with [`Lease::adopt`]; limits are set with
+    /// [`Lease::apply`] when the run is known.
+    pub fn reserve(&self) -> io::Result<Lease> {
+        let Some(pool) = &self.groups else {
+            return Ok(Lease { cgroup: None });
+        };
+        Ok(Lease {
+            cgroup: Some(CgroupLease {
+                group: Some(pool.take()?),
+                pool: pool.clone(),
+                before: Counters::default(),
+            }),
+        })
+    }
+
+    /// The rlimits for a run: always CPU, file size, open files and core
+    /// dumps; memory and processes too when no cgroup enforces them.
+    pub fn rlimits(&self, limits: &Limits) -> Vec<Rlimit> {
+        self.rlimits.for_limits(limits)
+    }
+
+    /// Removes every prepared group (at shutdown).
+    pub fn cleanup(&self) {
+        if let Some(g) = &self.groups {
+            g.cleanup();
+        }
+    }
+}
+
+/// A reserved group for one sandbox. Keep it alive until the sandbox has
+/// ended, then call [`Lease::release`]; dropped earlier, it kills the group.
+#[derive(Debug)]
+pub struct Lease {
+    cgroup: Option<CgroupLease>,
+}
+
+#[derive(Debug)]
+struct CgroupLease {
+    pool: Arc<GroupPool>,
+    group: Option<Group>,
+    before: Counters,
+}
+
+impl Lease {
+    /// Moves process `pid` (a bubblewrap that has not started anything yet)
+    /// into the group. Blocking: the kernel may wait for an RCU grace period,
+    /// which is why this happens before a run, not during it.
+    pub fn adopt(&self, pid: u32) -> io::Result<()> {
+        match self.group() {
+            Some((pool, g)) => pool.adopt(g, pid),
+            None => Ok(()),
+        }
+    }
+
+    /// Sets the group's limits for the coming run and notes the counters
+    /// against which fired limits are judged.
+    pub fn apply(&mut self, limits: &Limits) -> io::Result<()> {
+        if let Some(c) = &mut self.cgroup
+            && let Some(g) = &mut c.group
+        {
+            c.pool.apply(g, limits)?;
+            c.before = c.pool.counters(g);
+        }
+        Ok(())
+    }
+
+    /// Kills every process still in the group (a backstop: the pid
+    /// namespace normally takes them all down with it).
+    pub fn kill_all(&self) {
+        if let Some((pool, g)) = self.group() {
+            pool.kill(g);
+        }
+    }
+
+    /// Limits that fired since `apply` or the last check (for a group that
+    /// serves several calls, as a session's does).
+    pub fn check(&mut self) -> Fired {
+        let Some(c) = &mut self.cgroup else {
+            return Fired::default();
+        };
+        let Some(g) = &c.group else {
+            return Fired::default();
+        };
+        let now = c.pool.counters(g);
+        let fired = Fired {
+            memory: now.oom_kills > c.before.oom_kills,
+            pids: now.pids_max_hits > c.before.pids_max_hits,
+        };
+        c.before = now;
+        fired
+    }
+
+    /// Reports which limits fired and returns the group to the pool once it
+    /// is empty (in the background). The lease holds nothing afterwards.
+    pub fn release(&mut self) -> Fired {
+        let fired = self.check();
+        if let Some(c) = self.cgroup.take()
+            && let Some(group) = c.group
+        {
+            c.pool.recycle(group);
+        }
+        fired
+    }
+
+    fn group(&self) -> Option<(&GroupPool, &Group)> {
+        let c = self.cgroup.as_ref()?;
+        Some((&c.pool, c.group.as_ref()?))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.cgroup
+            && let Some(g) = c.group.take()
+        {
+            c.pool.kill(&g);
+            c.pool.recycle(g);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rlimit_mode_leases_hold_no_group() {
+        let e = Enforcer::rlimits_only(u32::MAX, "test");
+        assert_eq!(e.mechanism(), Mechanism::Rlimits);
+        assert!(e.describe().contains("test"));
+        let l = Limits::resolve(Default::default());
+        let mut lease = e.reserve().unwrap();
+        lease.adopt(std::process::id()).unwrap();
+        lease.apply(&l).unwrap();
+        assert_eq!(lease.release(), Fired::default());
+    }
+}
