@@ -15,7 +15,7 @@ use crate::jail::ProjectMount;
 use crate::jobs::JobLimits;
 use crate::limits::Enforcer;
 use crate::platform::{Platform, PlatformError};
-use crate::registry::{self, Prober, Registry, Sources};
+use crate::registry::{self, Prober, Registry};
 use crate::sessions::SessionLimits;
 
 pub struct App {
@@ -83,10 +83,11 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
         tracing::warn!("{note}");
     }
     let registry = if opts.load_environments {
-        let sources = environment_sources(&config, project.as_ref()).await;
+        let project_dir = project.as_ref().map(|p| p.host_path.as_path());
+        let gathered = registry::gather(&config, project_dir, &registry::sources()).await;
         let prober = ExecProber(executor.clone());
         let prober: Option<&dyn Prober> = if opts.quick { None } else { Some(&prober) };
-        let reg = registry::load(&config, &sources, prober).await;
+        let reg = registry::load(&config, gathered, prober).await;
         if reg.is_empty() {
             return Err(StartError::NoEnvironments(reg.warnings.clone()));
         }
@@ -174,62 +175,6 @@ pub fn session_limits(config: &Config) -> SessionLimits {
 
 fn seconds(v: Option<config::Positive>, default: u64) -> std::time::Duration {
     std::time::Duration::from_secs(v.map_or(default, |p| p.0))
-}
-
-/// Environments from the Nix side: artifacts baked into the package
-/// (`NIX_SANDBOX_BUILTIN`), in `NIX_SANDBOX_DIR`, and those Nix builds now
-/// (`NIX_SANDBOX_ENVS`, config `flake` entries, `[project] use_flake`), each
-/// build with the configured time limit.
-pub async fn environment_sources(config: &Config, project: Option<&ProjectMount>) -> Sources {
-    let mut sources = sources_from_env();
-    let refs = std::env::var("NIX_SANDBOX_ENVS")
-        .map(|v| split(&v, ','))
-        .unwrap_or_default();
-    let own_flake = std::env::var_os("NIX_SANDBOX_FLAKE")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
-    let (builds, problems) = registry::builds_needed(
-        config,
-        &sources,
-        &refs,
-        project.map(|p| p.host_path.as_path()),
-        own_flake.as_deref(),
-    );
-    let limit = std::time::Duration::from_secs(
-        config.server.nix_build_timeout_seconds.map_or(300, |s| s.0),
-    );
-    if !builds.is_empty() {
-        tracing::info!("building {} environment(s) with Nix", builds.len());
-    }
-    sources.built = registry::flakes::build_all(builds, limit).await;
-    sources.problems = problems;
-    sources
-}
-
-fn split(v: &str, sep: char) -> Vec<String> {
-    v.split(sep)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
-fn sources_from_env() -> Sources {
-    let builtin = std::env::var("NIX_SANDBOX_BUILTIN")
-        .map(|v| split(&v, ':').into_iter().map(PathBuf::from).collect())
-        .unwrap_or_default();
-    let artifact_dirs = match std::env::var("NIX_SANDBOX_DIR") {
-        Ok(v) if !v.is_empty() => split(&v, ':').into_iter().map(PathBuf::from).collect(),
-        _ => config::default_config_path()
-            .and_then(|p| p.parent().map(|d| d.join("sandboxes")))
-            .into_iter()
-            .collect(),
-    };
-    Sources {
-        builtin,
-        artifact_dirs,
-        ..Sources::default()
-    }
 }
 
 /// The environment the self-test and `doctor` run: the host's /bin/sh.

@@ -60,7 +60,7 @@ impl AuditLog {
             "time": humantime::format_rfc3339_millis(now).to_string(),
             "kind": e.kind,
             "env": e.env.name,
-            "source": e.env.source.to_string(),
+            "source": e.env.origin.to_string(),
             "interpreter": e.env.interpreter,
             "code_sha256": hex(&Sha256::digest(e.code)),
             "code_bytes": e.code.len(),

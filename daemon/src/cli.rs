@@ -385,7 +385,7 @@ async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             .map(|e| {
                 let l = &e.limits;
                 serde_json::json!({
-                    "name": e.name, "description": e.description, "source": e.source.to_string(),
+                    "name": e.name, "description": e.description, "source": e.origin.to_string(),
                     "interpreter": e.interpreter, "network": e.network, "tools": e.tools,
                     "limits": {
                         "timeout_ms": l.timeout.as_millis() as u64, "memory_mb": l.memory_bytes >> 20, "pids": l.pids,
@@ -402,13 +402,14 @@ async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             "limits_detail": mechanism,
             "project": app.project.as_ref().map(|p| serde_json::json!({"path": p.host_path, "mount_point": p.mount_point, "writable": p.writable})),
             "warnings": app.registry.warnings,
+            "sources": app.registry.sources.iter().map(|(name, about)| serde_json::json!({"name": name, "about": about})).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else {
         for e in app.registry.iter() {
             let l = &e.limits;
             println!("{}\n    {}", e.name, e.description);
-            println!("    source:      {}", e.source);
+            println!("    source:      {}", e.origin);
             println!("    interpreter: {}", e.interpreter.join(" "));
             println!(
                 "    limits:      timeout {} ms, memory {} MiB, {} processes, cpu {} s, files {} MiB, {} open files, workspace {} MiB, output {} B kept per stream, killed past {} MiB",

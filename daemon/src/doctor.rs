@@ -155,16 +155,16 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
         ),
     }
 
-    let reg = registry::load(
-        &config,
-        &app::environment_sources(&config, project.as_ref()).await,
-        Some(&app::ExecProber(executor.clone())),
-    )
-    .await;
+    let project_dir = project.as_ref().map(|p| p.host_path.as_path());
+    let gathered = registry::gather(&config, project_dir, &registry::sources()).await;
+    let reg = registry::load(&config, gathered, Some(&app::ExecProber(executor.clone()))).await;
+    for (name, about) in &reg.sources {
+        r.ok(&format!("source {name}"), about);
+    }
     for e in reg.iter() {
         r.ok(
             "environment",
-            format!("{}: {} [{}]", e.name, e.description, e.source),
+            format!("{}: {} [{}]", e.name, e.description, e.origin),
         );
     }
     for w in &reg.warnings {

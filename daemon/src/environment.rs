@@ -13,7 +13,7 @@ pub struct Environment {
     pub name: String,
     /// One line, with versions, shown to the agent.
     pub description: String,
-    pub source: Source,
+    pub origin: Origin,
     /// Command run inside the jail; `{file}` is replaced by the code file's path.
     pub interpreter: Vec<String>,
     /// Name of the code file written into `/workspace`.
@@ -64,18 +64,18 @@ impl InterpreterKind {
 
 /// Where an environment came from, for `envs` and the audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub enum Origin {
     /// A preset or interpreter resolved on the host (no Nix).
     Host { program: PathBuf },
     /// A sandbox artifact built by Nix.
     Artifact { path: PathBuf },
 }
 
-impl std::fmt::Display for Source {
+impl std::fmt::Display for Origin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Source::Host { program } => write!(f, "host {}", program.display()),
-            Source::Artifact { path } => write!(f, "artifact {}", path.display()),
+            Origin::Host { program } => write!(f, "host {}", program.display()),
+            Origin::Artifact { path } => write!(f, "artifact {}", path.display()),
         }
     }
 }

@@ -228,7 +228,7 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::environment::{Limits, Source};
+    use crate::environment::{Limits, Origin};
 
     fn layout() -> HostLayout {
         HostLayout {
@@ -247,7 +247,7 @@ mod tests {
         Environment {
             name: "python".into(),
             description: "Python".into(),
-            source: Source::Host {
+            origin: Origin::Host {
                 program: "/usr/bin/python3".into(),
             },
             interpreter: vec!["python3".into(), "{file}".into()],

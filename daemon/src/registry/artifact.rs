@@ -9,7 +9,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::Deserialize;
 
 use crate::config::{LimitSettings, is_valid_env_name};
-use crate::environment::{Environment, InterpreterKind, Limits, RootFs, Source};
+use crate::environment::{Environment, InterpreterKind, Limits, Origin, RootFs};
 
 pub const MANIFEST: &str = "manifest.json";
 /// The manifest versions this daemon understands.
@@ -200,7 +200,7 @@ fn to_environment(
             m.description
         },
         name: m.name,
-        source: Source::Artifact { path: artifact },
+        origin: Origin::Artifact { path: artifact },
         interpreter: m.interpreter.argv,
         file_name: m.interpreter.file_name,
         root: RootFs::Closure {

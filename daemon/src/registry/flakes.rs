@@ -1,10 +1,16 @@
-//! Environments built by Nix when the server starts: `NIX_SANDBOX_ENVS`
-//! references, config `flake` entries no package baked in, and the project's
-//! devShell (`[project] use_flake`). Every build runs in parallel with its own
-//! time limit; a failure becomes a warning about that environment only.
+//! Building environments with Nix when the server starts, for the sources
+//! that need it (`NIX_SANDBOX_ENVS` references, config `flake` entries no
+//! package baked in, the project's devShell): the expressions, running
+//! `nix build` with a time limit, and reading the artifact it made. Every
+//! build runs in parallel; a failure becomes a warning about that
+//! environment only.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use super::artifact;
+use super::source::{Offer, Pending, Role};
+use crate::config::Config;
 
 /// One thing to build.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,13 +29,6 @@ pub enum Target {
     Reference(String),
     /// A Nix expression (`nix build --impure --expr E`).
     Expression(String),
-}
-
-/// A finished build: the artifact directory, or why there is none.
-#[derive(Debug, Clone)]
-pub struct Built {
-    pub build: Build,
-    pub result: Result<PathBuf, String>,
 }
 
 /// A string as a Nix string literal.
@@ -77,26 +76,31 @@ pub fn project_expression(own_flake: &Path, project: &Path) -> String {
     )
 }
 
-/// Builds everything in parallel; each build gets `limit`.
-pub async fn build_all(builds: Vec<Build>, limit: Duration) -> Vec<Built> {
-    if builds.is_empty() {
-        return Vec::new();
-    }
-    let nix = which::which("nix").ok();
-    let runs = builds.into_iter().map(|build| {
-        let nix = nix.clone();
-        async move {
-            let result = match &nix {
-                Some(nix) => build_one(nix, &build.target, limit).await,
-                None => Err("nix is not installed or not on PATH".to_string()),
-            };
-            if let Err(e) = &result {
-                tracing::warn!("building {} failed: {e}", build.label);
+/// Starts `build` (lazily: it runs when the registry awaits it); its result
+/// is offered with `role`, the config's `[defaults]` applied.
+pub fn pending(build: Build, role: Role, config: &Config) -> Pending {
+    let limit = Duration::from_secs(config.server.nix_build_timeout_seconds.map_or(300, |s| s.0));
+    let defaults = config.defaults;
+    let label = build.label.clone();
+    Pending {
+        label,
+        build: Box::pin(async move {
+            let nix = which::which("nix")
+                .map_err(|_| "nix is not installed or not on PATH".to_string())?;
+            let path = build_one(&nix, &build.target, limit)
+                .await
+                .inspect_err(|e| {
+                    tracing::warn!("building {} failed: {e}", build.label);
+                })?;
+            let mut env = artifact::load(&path, defaults).map_err(|e| {
+                format!("it built {}, which is not a sandbox artifact ({e}); build it with lib.mkSandbox", path.display())
+            })?;
+            if let Some(name) = build.name {
+                env.name = name;
             }
-            Built { build, result }
-        }
-    });
-    futures::future::join_all(runs).await
+            Ok(Offer::new(env, role))
+        }),
+    }
 }
 
 async fn build_one(nix: &Path, target: &Target, limit: Duration) -> Result<PathBuf, String> {
@@ -219,15 +223,14 @@ mod tests {
             name: None,
             target: Target::Reference(r.into()),
         };
-        let built = build_all(
-            vec![build("path:/nonexistent/a"), build("path:/nonexistent/b")],
-            Duration::from_secs(20),
-        )
-        .await;
-        assert_eq!(built.len(), 2);
-        for b in built {
-            let e = b.result.unwrap_err();
-            assert!(!e.is_empty(), "{}", b.build.label);
+        let config = Config::default();
+        let builds = ["path:/nonexistent/a", "path:/nonexistent/b"]
+            .map(|r| pending(build(r), Role::Extra, &config).build);
+        for result in futures::future::join_all(builds).await {
+            match result {
+                Ok(_) => panic!("a build of a missing flake succeeded"),
+                Err(e) => assert!(!e.is_empty()),
+            }
         }
     }
 }

@@ -1,12 +1,66 @@
 //! Host mode: presets and custom interpreters resolved to the host's own
 //! programs with `which`, for machines without Nix. The jail binds the host's
 //! system directories read-only; an interpreter installed elsewhere (nvm,
-//! /opt) gets its own install prefix bound too.
+//! /opt) gets its own install prefix bound too. As a source, it fills in the
+//! presets no other source offered.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, EnvironmentSettings};
-use crate::environment::{Environment, InterpreterKind};
+use super::source::{Context, Loaded, Offer, Role, Source};
+use crate::config::{Config, EnvironmentSettings, LimitSettings};
+use crate::environment::{Environment, InterpreterKind, Limits, Origin, RootFs};
+
+/// The source: the host's interpreters for the presets the configuration
+/// needs and no earlier source offered.
+pub(super) struct HostPresets;
+
+impl HostPresets {
+    fn wanted(ctx: &Context) -> Vec<&'static str> {
+        let needed: Vec<&'static str> = match &ctx.config.environments {
+            None => PRESET_NAMES.to_vec(),
+            Some(entries) => entries
+                .values()
+                .filter_map(|e| preset_for(e.preset.as_deref()?))
+                .collect(),
+        };
+        let mut wanted: Vec<&'static str> = needed
+            .into_iter()
+            .filter(|p| !ctx.earlier.iter().any(|o| o.env.name == *p))
+            .collect();
+        wanted.sort();
+        wanted.dedup();
+        wanted
+    }
+}
+
+impl Source for HostPresets {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn describe(&self, ctx: &Context) -> String {
+        let wanted = HostPresets::wanted(ctx);
+        if wanted.is_empty() {
+            "no host interpreter needed".to_string()
+        } else {
+            format!("host interpreters for {}", wanted.join(", "))
+        }
+    }
+
+    fn load(&self, ctx: &Context) -> Loaded {
+        let mut loaded = Loaded::default();
+        for preset in HostPresets::wanted(ctx) {
+            match resolve(preset, ctx.config) {
+                Ok(env) => loaded.offers.push(Offer::new(env, Role::Preset)),
+                Err(msg) => loaded
+                    .warnings
+                    .push(format!("environment {preset} unavailable: {msg}")),
+            }
+        }
+        loaded
+    }
+}
 
 /// The bundled presets, by canonical name.
 pub const PRESET_NAMES: &[&str] = &["bash", "python", "node"];
@@ -67,7 +121,7 @@ pub fn resolve(name: &str, config: &Config) -> Result<Environment, String> {
             )
         })?;
     let argv = vec![program.display().to_string(), "{file}".to_string()];
-    let mut env = crate::registry::host_environment(
+    let mut env = host_environment(
         name,
         program,
         argv,
@@ -102,7 +156,7 @@ pub fn custom(
         .as_ref()
         .map(|f| f.0.as_str())
         .unwrap_or(".main");
-    let mut env = crate::registry::host_environment(
+    let mut env = host_environment(
         name,
         program.clone(),
         full,
@@ -175,10 +229,59 @@ fn is_safe_prefix(prefix: &Path) -> bool {
     depth >= 3 && !is_home_or_above && !shims
 }
 
+/// `PATH` directories searched in host mode, in order.
+pub const HOST_PATH: &[&str] = &[
+    "/usr/local/bin",
+    "/usr/bin",
+    "/bin",
+    "/usr/local/sbin",
+    "/usr/sbin",
+    "/sbin",
+];
+
+/// A plain host-mode environment skeleton.
+pub fn host_environment(
+    name: &str,
+    program: PathBuf,
+    interpreter: Vec<String>,
+    file_name: &str,
+    kind: Option<InterpreterKind>,
+    extra: Vec<PathBuf>,
+    settings: LimitSettings,
+) -> Environment {
+    let mut path: Vec<String> = extra
+        .iter()
+        .filter_map(|p| {
+            program
+                .parent()
+                .filter(|d| d.starts_with(p))
+                .map(|d| d.display().to_string())
+        })
+        .collect();
+    path.extend(HOST_PATH.iter().map(|s| s.to_string()));
+    path.dedup();
+    Environment {
+        name: name.to_string(),
+        description: name.to_string(),
+        origin: Origin::Host { program },
+        interpreter,
+        file_name: file_name.to_string(),
+        root: RootFs::Host { extra },
+        path,
+        vars: BTreeMap::new(),
+        limits: Limits::resolve(settings),
+        settings,
+        network: false,
+        seccomp_allow: Vec::new(),
+        tools: Vec::new(),
+        kind,
+    }
+}
+
 /// Start-up probe for host presets: prints the version (first line) and the
 /// notable tools or packages present (second line).
 pub fn probe_code(env: &Environment) -> Option<&'static str> {
-    if !matches!(env.source, crate::environment::Source::Host { .. }) {
+    if !matches!(env.origin, crate::environment::Origin::Host { .. }) {
         return None;
     }
     match (env.kind, env.file_name.as_str()) {
@@ -303,7 +406,7 @@ mod tests {
 
     #[test]
     fn description_from_probe() {
-        let env = crate::registry::host_environment(
+        let env = host_environment(
             "python",
             "/usr/bin/python3".into(),
             vec![],

@@ -1,0 +1,280 @@
+//! The environments this server offers, by name, loaded at start-up from its
+//! sources (see `source.rs` and [`sources`]) and the configuration. A problem
+//! with one environment drops that environment with a warning; it never
+//! stops the server.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::{Config, EnvironmentSettings};
+use crate::environment::{Environment, Limits};
+
+pub mod artifact;
+mod artifact_dirs;
+mod builtin;
+mod config_flakes;
+mod devshell;
+mod flake_refs;
+pub mod flakes;
+mod host;
+mod source;
+
+pub use host::{PRESET_NAMES, host_environment, preset_for};
+pub use source::{Context, Loaded, Offer, Pending, Role, Source};
+
+/// The name of the environment `[project] use_flake` creates.
+pub const PROJECT_ENV: &str = "project";
+
+/// Every source of environments, in order of precedence: a later offer of a
+/// name replaces an earlier one.
+pub fn sources() -> Vec<Box<dyn Source>> {
+    vec![
+        Box::new(builtin::Builtin::from_env()),
+        Box::new(artifact_dirs::ArtifactDirs::from_env()),
+        Box::new(flake_refs::FlakeRefs::from_env()),
+        Box::new(config_flakes::ConfigFlakes::from_env()),
+        Box::new(devshell::DevShell::from_env()),
+        Box::new(host::HostPresets),
+    ]
+}
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    envs: BTreeMap<String, Arc<Environment>>,
+    /// Other names agents may use (`shell` for `bash`).
+    aliases: BTreeMap<String, String>,
+    /// Environments dropped at start-up, and why.
+    pub warnings: Vec<String>,
+    /// Each source's name and what it said about itself (for `doctor`, `envs`).
+    pub sources: Vec<(&'static str, String)>,
+}
+
+impl Registry {
+    pub fn get(&self, name: &str) -> Option<&Arc<Environment>> {
+        self.envs
+            .get(name)
+            .or_else(|| self.aliases.get(name).and_then(|n| self.envs.get(n)))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Environment>> {
+        self.envs.values()
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.envs.keys().map(String::as_str).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.envs.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.envs.len()
+    }
+
+    pub fn aliases(&self) -> &BTreeMap<String, String> {
+        &self.aliases
+    }
+
+    fn warn(&mut self, msg: String) {
+        tracing::warn!("{msg}");
+        self.warnings.push(msg);
+    }
+}
+
+/// Something that can run a probe inside the real jail at start-up.
+pub trait Prober: Sync {
+    /// Runs `code` in `env` and returns its stdout, or a one-line reason.
+    fn probe<'a>(
+        &'a self,
+        env: &'a Environment,
+        code: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>>;
+}
+
+/// Everything the sources offered, with their builds finished.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    pub offers: Vec<Offer>,
+    pub warnings: Vec<String>,
+    /// Each source's name and what it said about itself, in order.
+    pub sources: Vec<(&'static str, String)>,
+}
+
+/// Asks every source in turn, then waits for the builds they started (in
+/// parallel, each within its own time limit).
+pub async fn gather(
+    config: &Config,
+    project: Option<&Path>,
+    sources: &[Box<dyn Source>],
+) -> Gathered {
+    let mut gathered = Gathered::default();
+    let mut pending = Vec::new();
+    for source in sources {
+        let ctx = Context {
+            config,
+            project,
+            earlier: &gathered.offers,
+        };
+        let about = source.describe(&ctx);
+        let loaded = source.load(&ctx);
+        let from = source.name();
+        gathered.sources.push((from, about));
+        gathered
+            .offers
+            .extend(loaded.offers.into_iter().map(|o| Offer { from, ..o }));
+        gathered.warnings.extend(loaded.warnings);
+        pending.extend(loaded.pending.into_iter().map(|p| (from, p)));
+    }
+    if !pending.is_empty() {
+        tracing::info!("building {} environment(s) with Nix", pending.len());
+    }
+    let builds = pending.into_iter().map(|(from, p)| async move {
+        match p.build.await {
+            Ok(offer) => Ok(Offer { from, ..offer }),
+            Err(e) => Err(format!("environment from {} skipped: {e}", p.label)),
+        }
+    });
+    for result in futures::future::join_all(builds).await {
+        match result {
+            Ok(offer) => gathered.offers.push(offer),
+            Err(warning) => gathered.warnings.push(warning),
+        }
+    }
+    gathered
+}
+
+/// Builds the registry: the configured environments (or, without an
+/// `[environments]` table, every preset and extra offer), each checked in
+/// the jail by `prober` when given.
+pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Prober>) -> Registry {
+    let mut reg = Registry {
+        sources: gathered.sources,
+        ..Registry::default()
+    };
+    for w in gathered.warnings {
+        reg.warn(w);
+    }
+    // The latest offer of each name.
+    let mut latest: BTreeMap<&str, &Offer> = BTreeMap::new();
+    for o in &gathered.offers {
+        latest.insert(o.env.name.as_str(), o);
+    }
+    let mut candidates: Vec<Environment> = Vec::new();
+    match &config.environments {
+        Some(entries) => {
+            let offered = |n: &str| latest.get(n).map(|o| &o.env);
+            for (name, entry) in entries {
+                match from_entry(name, entry, config, offered) {
+                    Ok(env) => candidates.push(env),
+                    Err(msg) => reg.warn(format!("environment {name} skipped: {msg}")),
+                }
+            }
+            candidates.extend(
+                latest
+                    .iter()
+                    .filter(|(name, o)| o.role == Role::Extra && !entries.contains_key(**name))
+                    .map(|(_, o)| o.env.clone()),
+            );
+        }
+        None => candidates.extend(
+            latest
+                .values()
+                .filter(|o| o.role != Role::Entry)
+                .map(|o| o.env.clone()),
+        ),
+    }
+
+    // Host environments are checked inside the jail (and learn their
+    // versions); all checks run in parallel.
+    let checks = candidates.into_iter().map(|env| async move {
+        match prober.zip(host::probe_code(&env)) {
+            Some((prober, code)) => match prober.probe(&env, code).await {
+                Ok(out) => Ok(host::describe_from_probe(env, &out)),
+                Err(why) => Err((env.name.clone(), why)),
+            },
+            None => Ok(env),
+        }
+    });
+    for r in futures::future::join_all(checks).await {
+        match r {
+            Ok(env) => {
+                reg.envs.insert(env.name.clone(), Arc::new(env));
+            }
+            Err((name, why)) => reg.warn(format!(
+                "environment {name} does not work in the sandbox and was removed: {why}"
+            )),
+        }
+    }
+    if reg.envs.contains_key("bash") {
+        reg.aliases.insert("shell".into(), "bash".into());
+    }
+    reg.aliases
+        .retain(|alias, target| !reg.envs.contains_key(alias) && reg.envs.contains_key(target));
+    reg
+}
+
+/// The environment a config entry describes. `offered` finds a preset or
+/// entry offer by name.
+fn from_entry<'a>(
+    name: &str,
+    entry: &EnvironmentSettings,
+    config: &Config,
+    offered: impl Fn(&str) -> Option<&'a Environment>,
+) -> Result<Environment, String> {
+    crate::seccomp::validate_allow(&entry.seccomp_allow).map_err(|e| e.to_string())?;
+    let mut env = if let Some(preset) = &entry.preset {
+        let canonical = preset_for(preset).ok_or_else(|| {
+            format!(
+                "unknown preset {preset:?} (known: {})",
+                PRESET_NAMES.join(", ")
+            )
+        })?;
+        offered(canonical).cloned().ok_or_else(|| {
+            format!("the {canonical} preset is not available (see the warning about it)")
+        })?
+    } else if let Some(reference) = &entry.flake {
+        // Built by the Nix side into an artifact named after the entry.
+        offered(name).cloned().ok_or_else(|| {
+            format!(
+                "flake {reference} has not been built into a sandbox artifact; use the Nix package (mkServer) or list it in NIX_SANDBOX_ENVS"
+            )
+        })?
+    } else if let Some(interp) = &entry.interpreter {
+        host::custom(name, &interp.0, entry, config)?
+    } else {
+        unreachable!("the config requires one of preset, flake and interpreter")
+    };
+    env.name = name.to_string();
+    apply_entry(&mut env, entry);
+    Ok(env)
+}
+
+/// Applies what a config entry says on top of a resolved environment.
+fn apply_entry(env: &mut Environment, entry: &EnvironmentSettings) {
+    if let Some(d) = &entry.description {
+        env.description = d.clone();
+    }
+    if let Some(f) = &entry.file_name {
+        env.file_name = f.0.clone();
+    }
+    if entry.network {
+        env.network = true;
+    }
+    env.seccomp_allow = entry.seccomp_allow.clone();
+    // Layers: built-in, `[defaults]`, artifact manifest (all in `settings`), entry.
+    env.settings = env.settings.overlay(entry.limits());
+    env.limits = Limits::resolve(env.settings);
+}
+
+/// Splits a list-valued environment variable.
+fn split_var(name: &str, sep: char) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_default()
+        .split(sep)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
