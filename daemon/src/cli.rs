@@ -121,6 +121,12 @@ enum Command {
     },
     /// Check that sandboxing works here and say how to fix what does not
     Doctor,
+    /// Print the JSON schema of the configuration file
+    ///
+    /// Editors and TOML tools can check a config.toml against it as it is
+    /// written (for example taplo, with `#:schema ./config-schema.json` on
+    /// the file's first line).
+    Schema,
 }
 
 pub fn main() -> ExitCode {
@@ -193,6 +199,11 @@ async fn dispatch(cli: Cli) -> ExitCode {
         }) => run_once(&opts, env, artifact, file, code).await,
         Some(Command::Envs { json }) => list_envs(&opts, json).await,
         Some(Command::Doctor) => crate::doctor::run(&opts).await,
+        Some(Command::Schema) => {
+            let schema = crate::config::json_schema();
+            println!("{}", serde_json::to_string_pretty(&schema).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
     }
 }
 

@@ -67,12 +67,10 @@ pub const PRESET_NAMES: &[&str] = &["bash", "python", "node"];
 
 /// Canonical preset name for a name an operator may write.
 pub fn preset_for(name: &str) -> Option<&'static str> {
-    match name {
-        "bash" | "shell" => Some("bash"),
-        "python" | "python3" => Some("python"),
-        "node" | "nodejs" => Some("node"),
-        _ => None,
-    }
+    crate::config::PRESET_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map(|(_, preset)| *preset)
 }
 
 struct Preset {

@@ -1,0 +1,375 @@
+//! Configuration: the TOML file, the environment variables that override it, and
+//! built-in defaults. Owns parsing and validation (every error names the file, the
+//! key and the line) and the schema that is the one definition of the file's keys
+//! (`schema.rs`, which the Nix side reads); knows nothing about how environments
+//! are resolved or run. Value types with their own rules are in `values.rs`.
+
+mod schema;
+#[cfg(test)]
+mod tests;
+mod values;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+pub use schema::json_schema;
+pub use values::*;
+
+/// Everything the operator configured, validated.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// The file this came from, if any.
+    pub file: Option<PathBuf>,
+    pub server: ServerSettings,
+    pub defaults: LimitSettings,
+    pub project: ProjectSettings,
+    /// `None` when the file has no `[environments]` table: the built-in presets are served.
+    pub environments: Option<BTreeMap<String, EnvironmentSettings>>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Runs executing at once; further calls wait in the queue.
+    pub max_concurrent_runs: Option<Positive>,
+    /// Calls allowed to wait for a slot; beyond this a call fails at once with `busy`.
+    pub max_queued_runs: Option<u32>,
+    /// JSON Lines audit log; off when absent.
+    pub audit_log: Option<AbsolutePath>,
+    /// Also record the code of each run in the audit log.
+    #[serde(default)]
+    pub audit_log_code: bool,
+    /// Also record the captured output of each run in the audit log.
+    #[serde(default)]
+    pub audit_log_output: bool,
+    /// Time allowed for each environment Nix builds at start-up.
+    pub nix_build_timeout_seconds: Option<Positive>,
+    /// Background jobs kept at once, running or finished.
+    pub max_jobs: Option<Positive>,
+    /// Time limit of a background run.
+    pub job_timeout_seconds: Option<Positive>,
+    /// How long a finished job stays readable.
+    pub job_retention_seconds: Option<Positive>,
+    /// Bytes of each output stream a job keeps (the latest).
+    pub job_output_bytes: Option<Positive>,
+    /// Sessions (run with `session`) open at once.
+    pub max_sessions: Option<Positive>,
+    /// A session unused this long is closed.
+    pub session_idle_seconds: Option<Positive>,
+    /// A session is closed this long after it started, used or not.
+    pub session_max_lifetime_seconds: Option<Positive>,
+}
+
+/// Resource limits and output caps; every field optional so that layers
+/// (built-in, `[defaults]`, manifest, `[environments.X]`) can be merged.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSettings {
+    pub timeout_ms: Option<Millis>,
+    pub memory_mb: Option<Positive>,
+    pub pids: Option<Positive>,
+    pub cpu_seconds: Option<Positive>,
+    pub file_size_mb: Option<Positive>,
+    pub open_files: Option<OpenFiles>,
+    pub workspace_mb: Option<Positive>,
+    pub output_bytes: Option<OutputBytes>,
+    pub output_limit_mb: Option<Positive>,
+}
+
+impl LimitSettings {
+    /// Fields set in `over` replace those in `self`.
+    pub fn overlay(self, over: LimitSettings) -> LimitSettings {
+        LimitSettings {
+            timeout_ms: over.timeout_ms.or(self.timeout_ms),
+            memory_mb: over.memory_mb.or(self.memory_mb),
+            pids: over.pids.or(self.pids),
+            cpu_seconds: over.cpu_seconds.or(self.cpu_seconds),
+            file_size_mb: over.file_size_mb.or(self.file_size_mb),
+            open_files: over.open_files.or(self.open_files),
+            workspace_mb: over.workspace_mb.or(self.workspace_mb),
+            output_bytes: over.output_bytes.or(self.output_bytes),
+            output_limit_mb: over.output_limit_mb.or(self.output_limit_mb),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ProjectSettings {
+    /// Host directory mounted into every sandbox, relative to the current
+    /// directory; `None` means the current directory.
+    pub path: Option<PathBuf>,
+    /// True when the path came from the config file or `PROJECT_DIR`, not the default.
+    pub path_is_explicit: bool,
+    pub mount_point: MountPoint,
+    pub mode: ProjectMode,
+    pub use_flake: bool,
+    pub inherit_env: Vec<EnvVarName>,
+}
+
+impl ProjectSettings {
+    /// The names in `[project.inherit_env] vars`.
+    pub fn inherit_names(&self) -> Vec<String> {
+        self.inherit_env.iter().map(|v| v.0.clone()).collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProjectMode {
+    #[default]
+    Readonly,
+    Readwrite,
+}
+
+#[derive(Debug, Clone, Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentSettings {
+    /// A bundled preset: `bash` (alias `shell`), `python` or `node`.
+    #[schemars(schema_with = "preset_schema")]
+    pub preset: Option<String>,
+    /// A host interpreter command; `{file}` stands for the code file (appended when absent).
+    pub interpreter: Option<Interpreter>,
+    /// A flake output that builds a sandbox artifact or a package set (built by Nix).
+    pub flake: Option<String>,
+    pub description: Option<String>,
+    /// Name of the code file inside `/workspace` (the extension matters to some interpreters).
+    pub file_name: Option<FileName>,
+    #[serde(default)]
+    pub network: bool,
+    /// Syscalls this environment may use although the default filter blocks them.
+    #[serde(default)]
+    pub seccomp_allow: Vec<String>,
+    pub timeout_ms: Option<Millis>,
+    pub memory_mb: Option<Positive>,
+    pub pids: Option<Positive>,
+    pub cpu_seconds: Option<Positive>,
+    pub file_size_mb: Option<Positive>,
+    pub open_files: Option<OpenFiles>,
+    pub workspace_mb: Option<Positive>,
+    pub output_bytes: Option<OutputBytes>,
+    pub output_limit_mb: Option<Positive>,
+}
+
+impl EnvironmentSettings {
+    /// The limits this entry sets (unset ones fall through to lower layers).
+    pub fn limits(&self) -> LimitSettings {
+        LimitSettings {
+            timeout_ms: self.timeout_ms,
+            memory_mb: self.memory_mb,
+            pids: self.pids,
+            cpu_seconds: self.cpu_seconds,
+            file_size_mb: self.file_size_mb,
+            open_files: self.open_files,
+            workspace_mb: self.workspace_mb,
+            output_bytes: self.output_bytes,
+            output_limit_mb: self.output_limit_mb,
+        }
+    }
+}
+
+/// The file as written: the tables and keys of config.toml.
+#[derive(Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: ServerSettings,
+    #[serde(default)]
+    defaults: LimitSettings,
+    #[serde(default)]
+    project: RawProject,
+    environments: Option<BTreeMap<EnvName, EnvironmentSettings>>,
+}
+
+#[derive(Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawProject {
+    path: Option<PathBuf>,
+    mount_point: Option<MountPoint>,
+    mode: Option<ProjectMode>,
+    #[serde(default)]
+    use_flake: bool,
+    #[serde(default)]
+    inherit_env: RawInheritEnv,
+}
+
+#[derive(Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawInheritEnv {
+    #[serde(default)]
+    vars: Vec<EnvVarName>,
+}
+
+/// A configuration problem, phrased for the person who wrote the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default(), key.as_ref().map(|k| format!(": key `{k}`")).unwrap_or_default())]
+    Invalid {
+        file: PathBuf,
+        key: Option<String>,
+        line: Option<usize>,
+        message: String,
+    },
+    #[error("environment variable {name}={value:?}: {message}")]
+    Env {
+        name: &'static str,
+        value: String,
+        message: String,
+    },
+}
+
+/// Where the configuration comes from, in order of precedence.
+pub fn default_config_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("nix-sandbox-mcp").join("config.toml"))
+}
+
+/// Loads `explicit` if given, else the XDG config file when it exists, else
+/// defaults; then applies the environment-variable overrides.
+pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+    let file = match explicit {
+        Some(p) => Some(p.to_path_buf()),
+        None => default_config_path().filter(|p| p.is_file()),
+    };
+    let mut config = match &file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            parse(&text, path)?
+        }
+        None => Config::default(),
+    };
+    apply_env_overrides(&mut config, |name| std::env::var(name).ok())?;
+    Ok(config)
+}
+
+/// Parses and validates one TOML document; `file` is only used in messages.
+pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+    let invalid = |key: Option<String>, span: Option<std::ops::Range<usize>>, message: String| {
+        ConfigError::Invalid {
+            file: file.to_path_buf(),
+            key,
+            line: span.map(|s| line_of(text, s.start)),
+            message,
+        }
+    };
+    let deserializer = toml::de::Deserializer::parse(text)
+        .map_err(|e| invalid(None, e.span(), e.message().trim().to_string()))?;
+    let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner();
+        invalid(
+            (key != ".").then_some(key),
+            inner.span(),
+            inner.message().trim().to_string(),
+        )
+    })?;
+    let environments = match raw.environments {
+        Some(map) => {
+            let mut out = BTreeMap::new();
+            for (name, env) in map {
+                let key = format!("environments.{}", name.0);
+                let sources = [
+                    env.preset.is_some(),
+                    env.interpreter.is_some(),
+                    env.flake.is_some(),
+                ];
+                let line = find_table_line(text, &name.0);
+                let err = |message: &str| ConfigError::Invalid {
+                    file: file.to_path_buf(),
+                    key: Some(key.clone()),
+                    line,
+                    message: message.to_string(),
+                };
+                match sources.iter().filter(|s| **s).count() {
+                    0 => {
+                        return Err(err(
+                            "set one of `preset`, `interpreter` or `flake` to say what the environment runs",
+                        ));
+                    }
+                    1 => {}
+                    _ if env.flake.is_some()
+                        && env.interpreter.is_some()
+                        && env.preset.is_none() => {}
+                    _ => {
+                        return Err(err(
+                            "`preset`, `interpreter` and `flake` are alternatives; set only one (`interpreter` may accompany `flake`)",
+                        ));
+                    }
+                }
+                out.insert(name.0, env);
+            }
+            Some(out)
+        }
+        None => None,
+    };
+    Ok(Config {
+        file: Some(file.to_path_buf()),
+        server: raw.server,
+        defaults: raw.defaults,
+        project: ProjectSettings {
+            path_is_explicit: raw.project.path.is_some(),
+            // A relative path is relative to the directory the server starts in
+            // (as "." for the current directory), not to the config file.
+            path: raw.project.path,
+            mount_point: raw.project.mount_point.unwrap_or_default(),
+            mode: raw.project.mode.unwrap_or_default(),
+            use_flake: raw.project.use_flake,
+            inherit_env: raw.project.inherit_env.vars,
+        },
+        environments,
+    })
+}
+
+/// `PROJECT_DIR` and `PROJECT_MOUNT` override the file (names kept compatible
+/// with the reference implementation).
+pub fn apply_env_overrides(
+    config: &mut Config,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    if let Some(dir) = get("PROJECT_DIR").filter(|v| !v.is_empty()) {
+        config.project.path = Some(PathBuf::from(dir));
+        config.project.path_is_explicit = true;
+    }
+    if let Some(mount) = get("PROJECT_MOUNT").filter(|v| !v.is_empty()) {
+        config.project.mount_point =
+            MountPoint::new(&mount).map_err(|message| ConfigError::Env {
+                name: "PROJECT_MOUNT",
+                value: mount.clone(),
+                message,
+            })?;
+    }
+    Ok(())
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())]
+        .bytes()
+        .filter(|b| *b == b'\n')
+        .count()
+        + 1
+}
+
+/// The line of `[environments.NAME]`, for errors found after deserializing.
+fn find_table_line(text: &str, name: &str) -> Option<usize> {
+    let wanted = [
+        format!("[environments.{name}]"),
+        format!("[environments.\"{name}\"]"),
+    ];
+    text.lines()
+        .position(|l| wanted.iter().any(|w| l.trim() == w))
+        .map(|i| i + 1)
+}
+

@@ -1,0 +1,202 @@
+use super::*;
+
+fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    parse(text, Path::new("/etc/test.toml"))
+}
+
+#[test]
+fn empty_file_gives_defaults() {
+    let c = parse_str("").unwrap();
+    assert!(c.environments.is_none());
+    assert_eq!(c.project.mount_point.0, "/project");
+    assert_eq!(c.project.mode, ProjectMode::Readonly);
+}
+
+#[test]
+fn full_example_parses() {
+    let c = parse_str(
+        r#"
+[server]
+max_concurrent_runs = 4
+[defaults]
+timeout_ms = 5000
+output_bytes = 4096
+[project]
+path = "src"
+mount_point = "/code/"
+mode = "readwrite"
+[project.inherit_env]
+vars = ["DATABASE_URL"]
+[environments.py]
+preset = "python"
+description = "Python"
+timeout_ms = 100
+[environments.rb]
+interpreter = "ruby {file}"
+file_name = "main.rb"
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.defaults.timeout_ms, Some(Millis(5000)));
+    assert_eq!(c.project.path, Some(PathBuf::from("src")));
+    assert_eq!(c.project.mount_point.0, "/code");
+    assert_eq!(c.project.mode, ProjectMode::Readwrite);
+    assert_eq!(c.project.inherit_env[0].0, "DATABASE_URL");
+    let envs = c.environments.unwrap();
+    assert_eq!(envs["py"].limits().timeout_ms, Some(Millis(100)));
+    assert_eq!(
+        envs["rb"].interpreter.as_ref().unwrap().0,
+        vec!["ruby", "{file}"]
+    );
+}
+
+fn err_text(text: &str) -> String {
+    parse_str(text).unwrap_err().to_string()
+}
+
+#[test]
+fn unknown_key_names_key_and_line() {
+    let e = err_text("[defaults]\ntimeout_ms = 5\n\n[project]\nmount = \"/x\"\n");
+    assert!(e.contains("/etc/test.toml:5"), "{e}");
+    assert!(e.contains("unknown field `mount`"), "{e}");
+    assert!(e.contains("project"), "{e}");
+}
+
+#[test]
+fn bad_value_names_key_and_line() {
+    let e = err_text("[environments.py]\npreset = \"python\"\ntimeout_ms = 0\n");
+    assert!(e.contains(":3"), "{e}");
+    assert!(e.contains("environments.py.timeout_ms"), "{e}");
+    assert!(e.contains("out of range"), "{e}");
+}
+
+#[test]
+fn wrong_type_is_reported() {
+    let e = err_text("[defaults]\ntimeout_ms = \"soon\"\n");
+    assert!(e.contains("defaults.timeout_ms"), "{e}");
+    assert!(e.contains(":2"), "{e}");
+}
+
+#[test]
+fn syntax_error_has_line() {
+    let e = err_text("[defaults]\ntimeout_ms = = 3\n");
+    assert!(e.contains(":2"), "{e}");
+}
+
+#[test]
+fn environment_needs_exactly_one_source() {
+    let e = err_text("[environments.x]\ndescription = \"nothing\"\n");
+    assert!(e.contains("environments.x") && e.contains(":1"), "{e}");
+    let e = err_text("[environments.x]\npreset = \"bash\"\ninterpreter = \"sh\"\n");
+    assert!(e.contains("alternatives"), "{e}");
+    parse_str("[environments.x]\nflake = \"github:o/r#a\"\ninterpreter = \"sh\"\n").unwrap();
+}
+
+#[test]
+fn mount_point_rules() {
+    assert!(MountPoint::new("relative").is_err());
+    assert!(MountPoint::new("/").is_err());
+    assert!(MountPoint::new("/usr/src").is_err());
+    assert!(MountPoint::new("/workspace").is_err());
+    assert!(MountPoint::new("/a/../b").is_err());
+    assert_eq!(MountPoint::new("/workspace/p/").unwrap().0, "/workspace/p");
+}
+
+#[test]
+fn bad_env_name_and_var_rejected() {
+    assert!(
+        err_text("[environments.\"a b\"]\npreset = \"bash\"\n")
+            .contains("not a valid environment name")
+    );
+    assert!(
+        err_text("[project.inherit_env]\nvars = [\"PATH\"]\n").contains("set by the sandbox")
+    );
+    assert!(
+        err_text("[project.inherit_env]\nvars = [\"1X\"]\n").contains("not a valid variable")
+    );
+}
+
+#[test]
+fn env_overrides_apply() {
+    let mut c = Config::default();
+    apply_env_overrides(&mut c, |k| match k {
+        "PROJECT_DIR" => Some("/srv/p".into()),
+        "PROJECT_MOUNT" => Some("/src".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(c.project.path, Some(PathBuf::from("/srv/p")));
+    assert!(c.project.path_is_explicit);
+    assert_eq!(c.project.mount_point.0, "/src");
+    let e = apply_env_overrides(&mut c, |k| (k == "PROJECT_MOUNT").then(|| "/proc".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("PROJECT_MOUNT"), "{e}");
+}
+
+#[test]
+fn example_config_parses_and_documents_every_key() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config.example.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    parse(&text, &path).unwrap();
+    let keys = [
+        "max_concurrent_runs",
+        "max_queued_runs",
+        "nix_build_timeout_seconds",
+        "max_jobs",
+        "job_timeout_seconds",
+        "job_retention_seconds",
+        "job_output_bytes",
+        "max_sessions",
+        "session_idle_seconds",
+        "session_max_lifetime_seconds",
+        "audit_log",
+        "audit_log_code",
+        "audit_log_output",
+        "timeout_ms",
+        "memory_mb",
+        "pids",
+        "cpu_seconds",
+        "file_size_mb",
+        "open_files",
+        "workspace_mb",
+        "output_bytes",
+        "output_limit_mb",
+        "path",
+        "mount_point",
+        "mode",
+        "use_flake",
+        "vars",
+        "preset",
+        "interpreter",
+        "flake",
+        "description",
+        "file_name",
+        "network",
+        "seccomp_allow",
+    ];
+    for k in keys {
+        assert!(
+            text.contains(&format!("{k} ="))
+                || text.contains(&format!("{k}  ="))
+                || text.contains(&format!("{k}    =")),
+            "{k} undocumented"
+        );
+    }
+}
+
+#[test]
+fn overlay_prefers_upper_layer() {
+    let low = LimitSettings {
+        timeout_ms: Some(Millis(1)),
+        pids: Some(Positive(5)),
+        ..Default::default()
+    };
+    let high = LimitSettings {
+        timeout_ms: Some(Millis(2)),
+        ..Default::default()
+    };
+    let m = low.overlay(high);
+    assert_eq!(m.timeout_ms, Some(Millis(2)));
+    assert_eq!(m.pids, Some(Positive(5)));
+}
