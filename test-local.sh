@@ -45,7 +45,7 @@ if command -v nix-build >/dev/null 2>&1; then
   NSM_BIN=$bin nix/tests/project-flake.sh
 
   if [ -n "${NIXPKGS_LIB:-}" ]; then
-    step "Nix tier: the NixOS and home-manager modules, evaluated with nixpkgs' lib"
+    step "Nix tier: the NixOS and home-manager modules and flake.nix, evaluated with nixpkgs' lib"
     nix/tests/modules.sh
   else
     step "Nix tier: module tests skipped (set NIXPKGS_LIB to a checkout of nix-community/nixpkgs.lib)"

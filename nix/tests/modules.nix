@@ -2,7 +2,8 @@
 # (lib.evalModules from a nixpkgs `lib` directory) against stub declarations of
 # the few NixOS and home-manager options they set, declared as nixpkgs and
 # home-manager declare them. No nixpkgs packages: the server is built from
-# fake-pkgs.nix by the real mkServer. Run by modules.sh.
+# fake-pkgs.nix by the real mkServer. Also the parts of flake.nix and
+# nix/daemon.nix that need nixpkgs' lib. Run by modules.sh.
 { nixpkgsLib }:
 let
   lib = import nixpkgsLib;
@@ -187,6 +188,39 @@ let
     builtins.filter (name: !(opts.${name} ? description && opts.${name} ? default && opts.${name} ? example)) (
       builtins.attrNames opts
     );
+
+  # flake.nix's outputs with a stand-in nixpkgs: nixpkgs' lib and the fake
+  # packages, enough to evaluate (not build) the checks.
+  flake = (import ../../flake.nix).outputs {
+    self = flake // {
+      outPath = "/nix/store/00000000000000000000000000000000-source";
+    };
+    nixpkgs = {
+      inherit lib;
+      outPath = "/nix/store/00000000000000000000000000000000-nixpkgs";
+      legacyPackages.x86_64-linux = fake // {
+        inherit lib;
+        callPackage =
+          fn: args:
+          import fn (
+            {
+              inherit lib;
+              rustPlatform = rustPlatformOf "1.88.0";
+            }
+            // args
+          );
+        linkFarm = name: entries: { inherit name entries; };
+      };
+    };
+  };
+  rustPlatformOf = version: {
+    rust.rustc = { inherit version; };
+    buildRustPackage = attrs: attrs // { overrideAttrs = f: attrs // f attrs; };
+  };
+  daemonWith = version: import ../daemon.nix {
+    inherit lib;
+    rustPlatform = rustPlatformOf version;
+  };
 
   tests = {
     "every NixOS option has a description, a default and an example" = {
@@ -494,6 +528,37 @@ let
         { }
         [ ]
       ];
+    };
+
+    # nix/daemon.nix and flake.nix
+    "the daemon refuses a rustc older than 1.85, saying so" = {
+      expr = (daemonWith "1.84.1").pname;
+      throws = "building the daemon needs rustc 1.85 or later (the crate is Rust edition 2024), and this nixpkgs has rustc 1.84.1";
+    };
+    "the daemon builds with rustc 1.85" = {
+      expr = (daemonWith "1.85.0").pname;
+      expected = "nix-sandbox-mcp";
+    };
+    "checks-without-vm holds every flake check but the VM test" = {
+      expr = {
+        checks = builtins.attrNames flake.checks.x86_64-linux;
+        withoutVm = map (e: e.name) flake.legacyPackages.x86_64-linux.checks-without-vm.entries;
+      };
+      expected = {
+        checks = [
+          "cargo-unit-tests"
+          "eval-tests"
+          "module-tests"
+          "package"
+          "vm"
+        ];
+        withoutVm = [
+          "cargo-unit-tests"
+          "eval-tests"
+          "module-tests"
+          "package"
+        ];
+      };
     };
   };
 
