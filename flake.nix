@@ -75,6 +75,8 @@
         ) presets
       );
 
+      # pkgs.nix-sandbox-mcp built with the consumer's nixpkgs, whose rustc
+      # must be 1.85 or later (nix/daemon.nix checks it).
       overlays.default = final: _prev: {
         nix-sandbox-mcp = nixSandbox.defaultServer {
           pkgs = final;
@@ -114,6 +116,16 @@
           };
         }
       );
+
+      # `nix flake check` less the NixOS VM test, which needs KVM:
+      #   nix build .#checks-without-vm
+      legacyPackages = forAllSystems (system: {
+        checks-without-vm = builds.${system}.pkgs.linkFarm "nix-sandbox-mcp-checks-without-vm" (
+          nixpkgs.lib.mapAttrsToList (name: path: { inherit name path; }) (
+            builtins.removeAttrs self.checks.${system} [ "vm" ]
+          )
+        );
+      });
 
       devShells = forAllSystems (
         system:

@@ -41,9 +41,14 @@ if command -v nix-build >/dev/null 2>&1; then
   step "Nix tier: a devShell captured into a sandbox"
   NSM_BIN=$bin nix/tests/shell-env.sh
 
+  step "Nix tier: start-up builds of a git project with its own nixpkgs, no secrets in the store"
+  NSM_BIN=$bin nix/tests/project-flake.sh
+
   if [ -n "${NIXPKGS_LIB:-}" ]; then
-    step "Nix tier: the NixOS and home-manager modules, evaluated with nixpkgs' lib"
+    step "Nix tier: the NixOS and home-manager modules and flake.nix, evaluated with nixpkgs' lib"
     nix/tests/modules.sh
+  else
+    step "Nix tier: module tests skipped (set NIXPKGS_LIB to a checkout of nix-community/nixpkgs.lib)"
   fi
 else
   step "Nix tier skipped (nix is not installed; .ci/run installs it)"

@@ -13,6 +13,14 @@ let
   # needs a recent Rust, and bin/run only execs it.
   daemonFor = system: (pkgsFor system).callPackage ./daemon.nix { };
 
+  # mkSandbox's daemon and, when the caller gave one, bubblewrap.
+  runtimeOf =
+    args: daemon:
+    {
+      inherit daemon;
+    }
+    // builtins.intersectAttrs { bubblewrap = null; } args;
+
   presetsFor =
     { pkgs, daemon }:
     import ./presets {
@@ -54,6 +62,7 @@ in
       config,
       project ? null,
       daemon ? null,
+      sandboxes ? { },
     }:
     let
       pkgs' =
@@ -73,34 +82,56 @@ in
         pkgs = pkgs';
         daemon = daemon';
       };
-      inherit config project;
+      inherit config project sandboxes;
     };
 
-  # What the daemon builds at run time for [project] use_flake = true:
-  #   nix build --impure --expr 'let s = builtins.getFlake "path:<NIX_SANDBOX_FLAKE>";
-  #     in s.lib.projectSandbox { system = builtins.currentSystem;
-  #                               project = builtins.getFlake "path:<project>"; }'
+  # What the daemon builds at start-up for [project] use_flake = true (the
+  # expression is in daemon/src/registry/flakes.rs): the project's devShell
+  # captured with the project's own nixpkgs (its `nixpkgs` input; this
+  # flake's only when it has none), and bin/run calling the running daemon
+  # (`daemon`, a store path, or null for the nix-sandbox-mcp on PATH) with its
+  # bubblewrap (a store path, or null to leave PATH alone). Nothing of this
+  # flake is evaluated that would fetch its nixpkgs or build its daemon,
+  # unless `daemon` is left out.
   projectSandbox =
-    { system, project }:
+    {
+      system,
+      project,
+      daemon ? daemonFor system,
+      # Default: the project's nixpkgs' bubblewrap.
+      bubblewrap ? null,
+    }@args:
     lib'.projectSandbox {
-      pkgs = pkgsFor system;
-      daemon = daemonFor system;
+      pkgs = lib'.packagesOf {
+        inherit system;
+        flake = project;
+        fallback = pkgsFor system;
+      };
+      runtime = runtimeOf args daemon;
       inherit project;
     };
 
-    # What the daemon builds at run time for a `flake` entry of the config when
-  # the server was not built from that config (see lib/server.nix).
+  # What the daemon builds at start-up for a `flake` entry of the config when
+  # the server was not built from that config (see lib/server.nix), with the
+  # same `daemon` and `bubblewrap` as projectSandbox.
   flakeSandbox =
     {
       system,
       name,
       flake,
       interpreter ? null,
-    }:
+      daemon ? daemonFor system,
+      bubblewrap ? null,
+    }@args:
     lib'.flakeSandbox {
-      pkgs = pkgsFor system;
-      daemon = daemonFor system;
-      inherit name flake interpreter;
+      inherit
+        system
+        name
+        flake
+        interpreter
+        ;
+      fallbackPkgs = pkgsFor system;
+      runtime = runtimeOf args daemon;
     };
 
   inherit (lib') captureShellEnvironment;

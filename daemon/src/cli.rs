@@ -201,7 +201,10 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Some(Command::Doctor) => crate::doctor::run(&opts).await,
         Some(Command::Schema) => {
             let schema = crate::config::json_schema();
-            println!("{}", serde_json::to_string_pretty(&schema).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&schema).unwrap_or_default()
+            );
             ExitCode::SUCCESS
         }
     }

@@ -10,7 +10,8 @@ in
   captureShellEnvironment = import ./shell-env.nix;
   inherit (server)
     wrapServer
-        projectSandbox
+    projectSandbox
+    packagesOf
     flakeSandbox
     flakeOutput
     artifactFromFlakeOutput

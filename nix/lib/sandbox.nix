@@ -3,13 +3,15 @@
 #   <artifact>/manifest.json   what the daemon loads
 #   <artifact>/bin/run         runs code once in this sandbox from a terminal
 #
-# From nixpkgs it needs only runCommand, jq, bash, coreutils, bubblewrap and
-# runtimeShell, so nix/tests/host-pkgs.nix can stand in for nixpkgs offline and
-# the end-to-end test builds artifacts with exactly this code.
+# From nixpkgs it needs only bash and coreutils (which every sandbox contains
+# anyway, see build.nix) and, for bin/run, bubblewrap; so
+# nix/tests/host-pkgs.nix can stand in for nixpkgs offline and the end-to-end
+# test builds artifacts with exactly this code.
 let
   util = import ./util.nix;
   schema = import ./schema.nix;
   interpreters = import ./interpreter.nix;
+  build = import ./build.nix;
   inherit (util) fail show;
 
   # The `bin` output when a package has one (nixpkgs puts executables there
@@ -29,13 +31,19 @@ let
         value
     ) env;
 
+  lines = builtins.concatStringsSep "\n";
+
   mkSandbox =
     {
-      # nixpkgs, or anything with runCommand, jq, bash, coreutils, bubblewrap
-      # and runtimeShell.
+      # nixpkgs, or anything with bash, coreutils, bubblewrap and
+      # stdenv.hostPlatform.
       pkgs,
-      # The nix-sandbox-mcp package whose `run` command bin/run calls.
+      # The nix-sandbox-mcp package whose `run` command bin/run calls; null
+      # makes bin/run call the nix-sandbox-mcp found on PATH.
       daemon,
+      # The bubblewrap package bin/run puts first on PATH; null leaves PATH
+      # as the caller has it.
+      bubblewrap ? pkgs.bubblewrap,
       # The environment name the agent uses.
       name,
       # Packages whose executables are on PATH (in this order), and whose
@@ -60,6 +68,7 @@ let
     let
       where = "mkSandbox ${toString name}";
       interp = interpreters.normalize "${where}: interpreter" interpreter;
+      runBash = build.runBash pkgs;
 
       # Every sandbox also gets a shell and coreutils, after the requested
       # packages, so that /bin/sh, /usr/bin/env, system() and subprocess work.
@@ -71,7 +80,7 @@ let
       # One bin directory holding every executable of the packages: the
       # sandbox's PATH, where relative interpreter names are resolved, and the
       # root whose runtime closure becomes the sandbox's filesystem.
-      tools = pkgs.runCommand "sandbox-${name}-path" { packages = map binOutput allPackages; } ''
+      tools = runBash "sandbox-${name}-path" { packages = map binOutput allPackages; } ''
         mkdir -p "$out/bin"
         for package in $packages; do
           [ -d "$package/bin" ] || continue
@@ -120,31 +129,37 @@ let
         network = if builtins.isBool network then network else fail "${where}: network" "expected true or false, got ${show network}";
       };
 
-            # A file holding every store path the manifest names (the tools, the
+      # A file holding every store path the manifest names (the tools, the
       # interpreter, link targets, and paths in variables such as
       # SSL_CERT_FILE). Its runtime closure is the sandbox's filesystem, so
       # everything the manifest points to is visible inside.
-      roots = pkgs.runCommand "sandbox-${name}-roots" {
+      roots = runBash "sandbox-${name}-roots" {
         template = builtins.toJSON manifestTemplate;
         passAsFile = [ "template" ];
       } ''cp "$templatePath" "$out"'';
 
-      noShellEnvironment = builtins.toFile "no-shell-environment.json" (
-        builtins.toJSON {
-          path = [ ];
-          env = { };
-        }
+      daemonProgram = if daemon == null then "nix-sandbox-mcp" else "${daemon}/bin/nix-sandbox-mcp";
+
+      # The manifest is the template plus what only the build knows. The
+      # builder splices JSON text: the fields that do not change as Nix wrote
+      # them, and `path` and `env` as one item per line so that a captured
+      # shell's items (in the same layout, see shell-env.nix) can go first.
+      manifestHead = builtins.toJSON (
+        builtins.removeAttrs manifestTemplate [
+          "path"
+          "env"
+        ]
       );
+      templateEnvNames = builtins.attrNames manifestTemplate.env;
     in
     if !(schema.isValidName name) then
       fail "mkSandbox: name" "${show name} is not a valid environment name (${schema.nameRule})"
     else
-      pkgs.runCommand "sandbox-${name}"
+      runBash "sandbox-${name}"
         {
-          nativeBuildInputs = [ pkgs.jq ];
           # Nix writes the runtime closure of each root to a file in the build
           # directory: see closureFromGraphs below.
-                    exportReferencesGraph = [
+          exportReferencesGraph = [
             "graph-roots"
             roots
           ]
@@ -152,9 +167,19 @@ let
             "graph-shell"
             shellEnvironment
           ];
-          manifestTemplate = builtins.toJSON manifestTemplate;
-          passAsFile = [ "manifestTemplate" ];
-                    passthru = {
+          inherit manifestHead;
+          templatePath = lines (map builtins.toJSON manifestTemplate.path);
+          templateEnv = lines (
+            map (n: "${builtins.toJSON n}:${builtins.toJSON manifestTemplate.env.${n}}") templateEnvNames
+          );
+          templateEnvNames = map (n: "\"${n}\"") templateEnvNames;
+          # What must exist inside the closure: the interpreter, the PATH
+          # entries and the link targets.
+          interpreterProgram = builtins.head argv;
+          needed = lines ([ (builtins.head argv) ] ++ manifestTemplate.path ++ builtins.attrValues manifestTemplate.links);
+          shellEnvironment = if shellEnvironment == null then "" else shellEnvironment;
+          inherit tools;
+          passthru = {
             inherit manifestTemplate tools;
             sandboxName = name;
             # mkServer renames artifacts from flakes to their config entry.
@@ -167,6 +192,7 @@ let
         }
         ''
           fail() { echo "${where}: $*" >&2; exit 1; }
+          ${build.jsonString}
 
           # exportReferencesGraph files list each path of the closure, its
           # deriver (empty here), the number of references, then the references.
@@ -182,21 +208,6 @@ let
             done | sort -u
           }
           closureFromGraphs > closure
-          ls ${tools}/bin > tools
-
-          # A development shell's PATH entries come first, as in `nix develop`;
-          # variables given to mkSandbox win over captured ones.
-          jq --null-input --sort-keys \
-            --slurpfile template "$manifestTemplatePath" \
-            --slurpfile shell ${if shellEnvironment != null then shellEnvironment else noShellEnvironment} \
-            --rawfile closure closure \
-            --rawfile tools tools \
-            'def lines: split("\n") | map(select(. != ""));
-             $template[0]
-             | .closure = ($closure | lines)
-             | .tools = ($tools | lines)
-             | .path = $shell[0].path + .path
-             | .env = $shell[0].env + .env' > manifest.json
 
           insideClosure() {
             local root
@@ -205,20 +216,70 @@ let
             done < closure
             return 1
           }
-          interpreter=$(jq -r '.interpreter.argv[0]' manifest.json)
-          [ -x "$interpreter" ] || fail "interpreter $interpreter not found; the packages provide: $(tr '\n' ' ' < tools)"
-          jq -r '.interpreter.argv[0], .path[], .links[]' manifest.json > needed
+          [ -x "$interpreterProgram" ] || fail "interpreter $interpreterProgram not found; the packages provide: $(ls "$tools/bin" | tr '\n' ' ')"
           while read -r path; do
             insideClosure "$path" || fail "$path is outside the sandbox's closure; add its package to packages"
             [ -e "$path" ] || fail "$path does not exist"
-          done < needed
+          done <<< "$needed"
+
+          # The captured shell's items: its PATH entries go first, as in
+          # `nix develop`; variables given to mkSandbox win over captured ones.
+          shellPath=() shellEnv=()
+          if [ -n "$shellEnvironment" ]; then
+            section=
+            while IFS= read -r line; do
+              case $line in
+                '{"path":[') section=path ;;
+                '],"env":{') section=env ;;
+                '}}') section= ;;
+                *)
+                  item=''${line#,}
+                  case $section in
+                    path) shellPath+=("$item") ;;
+                    env)
+                      key=''${item%%:*}
+                      case " $templateEnvNames " in *" $key "*) ;; *) shellEnv+=("$item") ;; esac
+                      ;;
+                    *) fail "$shellEnvironment is not a captured shell environment" ;;
+                  esac
+                  ;;
+              esac
+            done < "$shellEnvironment"
+          fi
+
+          # Prints its arguments, then the lines of its standard input, as the
+          # items of a JSON array or object, separated by commas.
+          items() {
+            local item separator=
+            for item in "$@"; do printf '%s%s' "$separator" "$item"; separator=,; done
+            while IFS= read -r item; do
+              [ -n "$item" ] || continue
+              printf '%s%s' "$separator" "$item"
+              separator=,
+            done
+          }
+
+          {
+            printf '%s' "''${manifestHead%\}}"
+            printf ',"closure":['
+            while read -r path; do printf '"%s"\n' "$path"; done < closure | items
+            printf '],"tools":['
+            for program in "$tools"/bin/*; do jsonString "''${program##*/}"; echo; done | items
+            printf '],"path":['
+            items "''${shellPath[@]}" <<< "$templatePath"
+            printf '],"env":{'
+            items "''${shellEnv[@]}" <<< "$templateEnv"
+            printf '}}\n'
+          } > manifest.json
 
           mkdir -p "$out/bin"
           mv manifest.json "$out/manifest.json"
           cat > "$out/bin/run" <<EOF
-          #!${pkgs.runtimeShell}
+          #!${pkgs.bash}/bin/bash
           # Runs code once in this sandbox: run CODE | run -f FILE | run - (stdin).
-          PATH=${pkgs.bubblewrap}/bin\''${PATH:+:\$PATH} exec ${daemon}/bin/nix-sandbox-mcp run --artifact $out "\$@"
+          ${
+            if bubblewrap == null then "" else "PATH=${bubblewrap}/bin\\\${PATH:+:\\$PATH} "
+          }exec ${daemonProgram} run --artifact $out "\$@"
           EOF
           chmod +x "$out/bin/run"
         '';

@@ -49,10 +49,11 @@ let
       '';
 
   # The `project` environment: bash in the project flake's development shell.
+  # `runtime` holds mkSandbox's daemon and, optionally, bubblewrap.
   projectSandbox =
     {
       pkgs,
-      daemon,
+      runtime,
       project,
     }:
     let
@@ -61,16 +62,29 @@ let
         project.devShells.${system}.default or project.devShell.${system}
           or (fail "project" "the project flake has no devShells.${system}.default to build the project environment from");
     in
-    mkSandbox {
-      inherit pkgs daemon;
-      name = "project";
-      interpreter = "bash";
-      description = "Bash in the project's development shell (${shell.name})";
-      shellEnvironment = captureShellEnvironment {
-        inherit (pkgs) jq;
-        inherit shell;
-      };
-    };
+    mkSandbox (
+      {
+        inherit pkgs;
+        name = "project";
+        interpreter = "bash";
+        description = "Bash in the project's development shell (${shell.name})";
+        shellEnvironment = captureShellEnvironment { inherit shell; };
+      }
+      // runtime
+    );
+
+  # The nixpkgs a flake builds with: its `nixpkgs` input's packages for the
+  # system, or `fallback` (which is then evaluated) when it has none.
+  packagesOf =
+    {
+      system,
+      flake,
+      fallback,
+    }:
+    let
+      input = flake.inputs.nixpkgs or { };
+    in
+    if input ? legacyPackages.${system} then input.legacyPackages.${system} else fallback;
 
   # The output a `flake = "ref#attr"` entry names, looked up the way
   # `nix build ref#attr` does.
@@ -101,11 +115,13 @@ let
       util.getAttrByPath (builtins.head found) outputs;
 
   # A flake output as the artifact for its entry, named after the entry: the
-  # daemon matches flake entries to baked-in artifacts by name.
+  # daemon matches flake entries to baked-in artifacts by name. An artifact
+  # made by mkSandbox is rebuilt with `runtime` (the server's daemon), so that
+  # the flake's own daemon is neither downloaded nor compiled.
   artifactFromFlakeOutput =
     {
       pkgs,
-      daemon,
+      runtime,
       entry,
       value,
     }:
@@ -116,26 +132,34 @@ let
       // util.optionalAttrs (entry.interpreter != null) { inherit (entry) interpreter; };
     in
     if value ? sandboxName then
-      if value.sandboxName == entry.name && entry.interpreter == null then value else value.override renamed
+      if value ? override then
+        value.override (renamed // runtime)
+      else if value.sandboxName == entry.name && entry.interpreter == null then
+        value
+      else
+        fail "environments.${entry.name}" "${entry.ref} is a sandbox artifact named ${value.sandboxName} that cannot be renamed or given another interpreter: build it with lib.mkSandbox"
     else if entry.interpreter == null then
       fail "environments.${entry.name}" "${entry.ref} is a package, not a sandbox artifact: build it with lib.mkSandbox, or set interpreter to run it"
     else
-      mkSandbox {
-        inherit pkgs daemon;
-        inherit (entry) name interpreter;
-        packages = if builtins.isList value then value else [ value ];
-      };
+      mkSandbox (
+        {
+          inherit pkgs;
+          inherit (entry) name interpreter;
+          packages = if builtins.isList value then value else [ value ];
+        }
+        // runtime
+      );
 
-    # The artifact for one `flake = "ref#attr"` config entry, named after the
+  # The artifact for one `flake = "ref#attr"` config entry, named after the
   # entry. The daemon builds it at start-up when no server was built from the
-  # config (e.g. `nix run` with ~/.config/nix-sandbox-mcp/config.toml):
-  #   nix build --impure --expr 'let s = builtins.getFlake "path:<NIX_SANDBOX_FLAKE>";
-  #     in s.lib.flakeSandbox { system = builtins.currentSystem; name = "ruby";
-  #                             flake = "github:me/envs#ruby"; interpreter = null; }'
+  # config (e.g. `nix run` with ~/.config/nix-sandbox-mcp/config.toml), with
+  # the nixpkgs of the flake it names (`fallbackPkgs` when that flake has no
+  # nixpkgs input) and the running daemon; see flakes.rs for the expression.
   flakeSandbox =
     {
-      pkgs,
-      daemon,
+      system,
+      fallbackPkgs,
+      runtime,
       name,
       flake,
       # The entry's `interpreter` as a list, or null.
@@ -145,13 +169,18 @@ let
       entry = configLib.parseFlakeOutput "environments.${name}.flake" flake // {
         inherit name interpreter;
       };
+      target = builtins.getFlake entry.ref;
     in
     artifactFromFlakeOutput {
-      inherit pkgs daemon entry;
+      inherit runtime entry;
+      pkgs = packagesOf {
+        inherit system;
+        flake = target;
+        fallback = fallbackPkgs;
+      };
       value = flakeOutput {
-        system = pkgs.stdenv.hostPlatform.system;
-        inherit entry;
-        outputs = (builtins.getFlake entry.ref).outputs;
+        inherit system entry;
+        inherit (target) outputs;
       };
     };
 
@@ -167,16 +196,20 @@ let
       # The project's flake, for [project] use_flake = true; without it the
       # daemon builds the devShell environment when it starts.
       project ? null,
+      # Sandbox artifacts by environment name, for the config's entries whose
+      # `flake` is that artifact (the modules' Nix-built environments).
+      sandboxes ? { },
     }:
     let
       system = pkgs.stdenv.hostPlatform.system;
       settings = if builtins.isAttrs config then config else builtins.fromTOML (builtins.readFile config);
       plan = configLib.planServer settings;
 
+      runtime = { inherit daemon; };
       flakeArtifact =
         entry:
         artifactFromFlakeOutput {
-          inherit pkgs daemon entry;
+          inherit pkgs runtime entry;
           value = flakeOutput {
             inherit system entry;
             outputs = (builtins.getFlake entry.ref).outputs;
@@ -185,9 +218,12 @@ let
 
       artifacts =
         map (name: presets.${name}) plan.presets
-        ++ map flakeArtifact plan.flakes
+        ++ map flakeArtifact (builtins.filter (entry: !(sandboxes ? ${entry.name})) plan.flakes)
+        ++ util.mapAttrsToList (
+          name: artifact: if artifact.sandboxName == name then artifact else artifact.override { inherit name; }
+        ) sandboxes
         ++ util.optional (plan.projectShell && project != null) (projectSandbox {
-          inherit pkgs daemon project;
+          inherit pkgs runtime project;
         });
 
       configFile =
@@ -211,8 +247,9 @@ let
 in
 {
   inherit
-        wrapServer
+    wrapServer
     projectSandbox
+    packagesOf
     flakeSandbox
     flakeOutput
     artifactFromFlakeOutput

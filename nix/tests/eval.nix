@@ -27,7 +27,7 @@ let
     env.EXTRA = "1";
     limits.timeout_ms = 60000;
   };
-    pythonRoots = python.env.exportReferencesGraph;
+  pythonRoots = python.drvAttrs.exportReferencesGraph;
   toolsPath = "${python.tools}";
 
   ruby = mkSandbox {
@@ -55,10 +55,11 @@ let
   };
   projectFlake.devShells.x86_64-linux.default = shell;
   project = lib'.projectSandbox {
-    inherit pkgs daemon;
+    inherit pkgs;
+    runtime = { inherit daemon; };
     project = projectFlake;
   };
-  capture = builtins.elemAt project.env.exportReferencesGraph 3;
+  capture = builtins.elemAt project.drvAttrs.exportReferencesGraph 3;
 
   entry = name: ref: attrPath: interpreter: { inherit name ref attrPath interpreter; };
   flakeOutputs = {
@@ -76,11 +77,30 @@ let
     outputs = flakeOutputs;
   };
   fromFlake = e: value: lib'.artifactFromFlakeOutput {
-    inherit pkgs daemon value;
+    inherit pkgs value;
+    runtime = { inherit daemon; };
     entry = e;
   };
 
   serverWith = config: mkServer { inherit config; };
+  # nix/default.nix bound to a nixpkgs that fails when used: start-up builds
+  # must not touch it.
+  startup = import ../default.nix {
+    self = "/nix/store/00000000000000000000000000000000-source";
+    nixpkgs = throw "this flake's nixpkgs was used";
+  };
+  runningDaemon = "/nix/store/11111111111111111111111111111111-nix-sandbox-mcp-0.1.0";
+  # The project's own nixpkgs: the fake one with another bash.
+  projectPkgs = pkgs // {
+    bash = pkgs.bash // {
+      outPath = "/nix/store/22222222222222222222222222222222-bash-5.2p37";
+    };
+  };
+
+  # JSON that names store paths (fromJSON refuses strings with a context).
+  decode = s: builtins.fromJSON (builtins.unsafeDiscardStringContext s);
+  # The builder's script, which writes bin/run.
+  runScript = artifact: builtins.elemAt artifact.drvAttrs.args 3;
   builtinOf = server: builtins.attrNames server.sandboxes;
 
   throwsTests = {
@@ -264,7 +284,7 @@ let
       throws = "defaults.pids: expected an integer of at least 1, got -1";
     };
     "a project flake without a devShell is reported" = {
-      expr = (lib'.projectSandbox { inherit pkgs daemon; project = { }; }).manifestTemplate;
+      expr = (lib'.projectSandbox { inherit pkgs; runtime = { inherit daemon; }; project = { }; }).manifestTemplate;
       throws = "project: the project flake has no devShells.x86_64-linux.default";
     };
   };
@@ -278,6 +298,19 @@ let
       expected = {
         undocumented = [ ];
         unchecked = [ ];
+      };
+    };
+
+    "docs quote the daemon's nix build commands, flag for flag" = {
+      expr = {
+        inherit nixBuild;
+        nix = buildLines ../../docs/nix.md;
+        manifest = map (line: builtins.match ".*`(nix build [^`]*)`.*" line) (buildLines ../../docs/manifest.md);
+      };
+      expected = {
+        nixBuild = [ "--extra-experimental-features" "nix-command flakes" "build" "--no-link" "--json" ];
+        nix = [ referenceCommand expressionCommand ];
+        manifest = [ [ "nix build --no-link --json REF" ] ];
       };
     };
 
@@ -365,17 +398,38 @@ let
         network = false;
       };
     };
-    "the build template is the manifest template as JSON" = {
-      expr = builtins.fromJSON python.env.manifestTemplate;
-      expected = python.manifestTemplate;
+    "the builder gets the manifest template as JSON text, path and env one item per line" = {
+      expr = {
+        head = decode python.drvAttrs.manifestHead;
+        path = python.drvAttrs.templatePath;
+        env = decode "{${builtins.replaceStrings [ "\n" ] [ "," ] python.drvAttrs.templateEnv}}";
+        names = python.drvAttrs.templateEnvNames;
+      };
+      expected = {
+        head = builtins.removeAttrs python.manifestTemplate [ "path" "env" ];
+        path = builtins.toJSON "${toolsPath}/bin";
+        env = python.manifestTemplate.env;
+        names = [ "\"EXTRA\"" "\"PYTHONDONTWRITEBYTECODE\"" "\"PYTHONUNBUFFERED\"" ];
+      };
+    };
+    "every derivation mkSandbox makes is built by bash with coreutils, nothing else from nixpkgs" = {
+      expr = map (d: { inherit (d.drvAttrs) builder PATH; }) [
+        python
+        python.tools
+        (builtins.elemAt pythonRoots 1)
+      ];
+      expected = builtins.genList (_: {
+        builder = "${pkgs.bash}/bin/bash";
+        PATH = "${pkgs.coreutils}/bin";
+      }) 3;
     };
         "the closure root names the manifest's paths; the tools hold every package's bin output, bash and coreutils last" = {
       expr = {
         graph = builtins.head pythonRoots;
         name = (builtins.elemAt pythonRoots 1).name;
-        root = builtins.fromJSON (builtins.elemAt pythonRoots 1).env.template;
-        packages = map toString python.tools.env.packages;
-        rubyPackages = map toString ruby.tools.env.packages;
+        root = decode (builtins.elemAt pythonRoots 1).drvAttrs.template;
+        packages = map toString python.tools.drvAttrs.packages;
+        rubyPackages = map toString ruby.tools.drvAttrs.packages;
       };
       expected = {
         graph = "graph-roots";
@@ -411,12 +465,29 @@ let
       expected = [ "/bin/sh" "/lib64/ld-linux-x86-64.so.2" "/usr/bin/env" ];
     };
     "bin/run calls the daemon's run command with bubblewrap on PATH" = {
-      expr = map (s: builtins.match ".*${s}.*" python.script != null) [
-        "#!${pkgs.runtimeShell}"
+      expr = map (s: builtins.match ".*${s}.*" (runScript python) != null) [
+        "#!${pkgs.bash}/bin/bash"
         "PATH=${pkgs.bubblewrap}/bin"
         "exec ${daemon}/bin/nix-sandbox-mcp run --artifact \\$out \"\\\\\\$@\""
       ];
       expected = [ true true true ];
+    };
+    "without a daemon or bubblewrap bin/run uses the caller's PATH" = {
+      expr =
+        let
+          script = runScript (python.override {
+            daemon = null;
+            bubblewrap = null;
+          });
+        in
+        {
+          daemonFromPath = builtins.match ".*\nexec nix-sandbox-mcp run --artifact .*" script != null;
+          setsPath = builtins.match ".*PATH=.*exec.*" script != null;
+        };
+      expected = {
+        daemonFromPath = true;
+        setsPath = false;
+      };
     };
     "override renames an artifact" = {
       expr = (python.override { name = "py"; }).manifestTemplate.name;
@@ -451,11 +522,11 @@ let
         "the python preset's CA bundle is a closure root, so it is visible inside" = {
       expr =
         let
-          roots = builtins.elemAt presets.python.env.exportReferencesGraph 1;
+          roots = builtins.elemAt presets.python.drvAttrs.exportReferencesGraph 1;
         in
         {
           manifest = presets.python.manifestTemplate.env.SSL_CERT_FILE;
-          root = (builtins.fromJSON roots.env.template).env.SSL_CERT_FILE;
+          root = (decode roots.drvAttrs.template).env.SSL_CERT_FILE;
         };
       expected = {
         manifest = "${pkgs.cacert}/etc/ssl/certs/ca-bundle.crt";
@@ -629,12 +700,69 @@ let
       expected = [ "bash" "node" "python" ];
     };
 
+    # Start-up builds (the expressions in daemon/src/registry/flakes.rs)
+    "a start-up build of the project uses the project's nixpkgs and the running daemon, never this flake's" = {
+      expr =
+        let
+          artifact = startup.projectSandbox {
+            system = "x86_64-linux";
+            project = projectFlake // {
+              inputs.nixpkgs.legacyPackages.x86_64-linux = projectPkgs;
+            };
+            daemon = runningDaemon;
+            bubblewrap = null;
+          };
+        in
+        {
+          inherit (artifact.manifestTemplate) name;
+          builder = artifact.drvAttrs.builder;
+          runsTheRunningDaemon = builtins.match ".*\nexec ${runningDaemon}/bin/nix-sandbox-mcp run .*" (runScript artifact) != null;
+          setsPath = builtins.match ".*PATH=.*exec.*" (runScript artifact) != null;
+        };
+      expected = {
+        name = "project";
+        builder = "${projectPkgs.bash}/bin/bash";
+        runsTheRunningDaemon = true;
+        setsPath = false;
+      };
+    };
+    "a project flake without a nixpkgs input falls back to this flake's nixpkgs" = {
+      expr = (startup.projectSandbox {
+        system = "x86_64-linux";
+        project = projectFlake;
+        daemon = runningDaemon;
+      }).drvPath;
+      throws = "this flake's nixpkgs";
+    };
+    "packagesOf takes a flake's nixpkgs input for the system" = {
+      expr = map (flake: (lib'.packagesOf {
+        system = "x86_64-linux";
+        inherit flake;
+        fallback = "fallback";
+      }).name or "fallback") [
+        { inputs.nixpkgs.legacyPackages.x86_64-linux = { name = "input"; }; }
+        { inputs.nixpkgs.legacyPackages.aarch64-linux = { name = "other system"; }; }
+        { inputs = { }; }
+        { }
+      ];
+      expected = [ "input" "fallback" "fallback" "fallback" ];
+    };
+    "an artifact from a flake is rebuilt with the running daemon" = {
+      expr = builtins.match ".*exec ${runningDaemon}/bin/nix-sandbox-mcp run .*" (runScript (lib'.artifactFromFlakeOutput {
+        inherit pkgs;
+        runtime.daemon = runningDaemon;
+        entry = entry "python" "r" null null;
+        value = python;
+      })) != null;
+      expected = true;
+    };
+
     # The project's devShell
     "the project environment is bash in the captured shell" = {
       expr = {
         inherit (project.manifestTemplate) name description;
         kind = project.manifestTemplate.interpreter.kind;
-        graphs = [ (builtins.head project.env.exportReferencesGraph) (builtins.elemAt project.env.exportReferencesGraph 2) ];
+        graphs = [ (builtins.head project.drvAttrs.exportReferencesGraph) (builtins.elemAt project.drvAttrs.exportReferencesGraph 2) ];
       };
       expected = {
         name = "project";
@@ -649,7 +777,7 @@ let
         inherit (capture.drvAttrs) GREETING builder outputs;
         keepsReferenceChecks = capture.drvAttrs ? allowedReferences;
         runsSetup = builtins.match ".*[.] \"[$]stdenv/setup\".*" (builtins.elemAt capture.drvAttrs.args 1) != null;
-        usesJq = builtins.match ".*${pkgs.jq}/bin/jq.*" (builtins.elemAt capture.drvAttrs.args 1) != null;
+        usesJq = builtins.match ".*jq.*" (builtins.elemAt capture.drvAttrs.args 1) != null;
       };
       expected = {
         name = "project-shell-sandbox-environment";
@@ -658,10 +786,31 @@ let
         outputs = [ "out" ];
         keepsReferenceChecks = false;
         runsSetup = true;
-        usesJq = true;
+        usesJq = false;
       };
     };
   };
+
+  # The daemon's start-up `nix build` commands, from the constants in
+  # flakes.rs, written as a shell command line.
+  flakesRs = builtins.readFile ../../daemon/src/registry/flakes.rs;
+  rustArray =
+    name:
+    let
+      after = builtins.elemAt (builtins.split "const ${name}: &[[]&str] = &[[]" flakesRs) 2;
+      body = builtins.head (builtins.split "];" after);
+    in
+    map builtins.head (builtins.filter builtins.isList (builtins.split "\"([^\"]*)\"" body));
+  shellWords = words: builtins.concatStringsSep " " (map (w: if builtins.match ".* .*" w != null then "'${w}'" else w) words);
+  nixBuild = rustArray "NIX_BUILD";
+  referenceCommand = "nix ${shellWords nixBuild} REF";
+  expressionCommand = "nix ${shellWords (nixBuild ++ rustArray "NIX_BUILD_EXPRESSION")} 'EXPRESSION'";
+  # The lines of a document that show a `nix build` command.
+  buildLines =
+    file:
+    builtins.filter (line: builtins.isString line && builtins.match ".*build --no-link.*" line != null) (
+      builtins.split "\n" (builtins.readFile file)
+    );
 
   # Every key config.example.toml documents (set or commented out, in any
   # table), by name.

@@ -7,8 +7,8 @@
 {
   system ? builtins.currentSystem,
   # The daemon under test, e.g. target/debug/nix-sandbox-mcp. A string, so it
-  # is linked to rather than copied into the store.
-  daemonBinary,
+  # is linked to rather than copied into the store; null for none.
+  daemonBinary ? null,
 }:
 let
   # Host programs are linked against the host's dynamic loader at this fixed
@@ -117,10 +117,11 @@ in
 rec {
   inherit runCommand libraries;
 
+  stdenv.hostPlatform.system = system;
   runtimeShell = "${bash}/bin/bash";
   jq = hostLink "jq" "/usr/bin/jq";
   bubblewrap = hostLink "bubblewrap" "/usr/bin/bwrap";
-  daemon = hostLink "nix-sandbox-mcp" daemonBinary;
+  daemon = if daemonBinary == null then null else hostLink "nix-sandbox-mcp" daemonBinary;
 
   bash = hostPackage "bash" [ "/usr/bin/bash" ] "";
   coreutils = hostPackage "coreutils" coreutilsPrograms "";
@@ -151,4 +152,42 @@ rec {
     env.LD_LIBRARY_PATH = "${libraries}/lib";
     links.${loader} = "${libraries}/lib/${baseNameOf loader}";
   };
+
+  # What nixpkgs' stdenv setup does to a shell's environment, in miniature:
+  # the inputs' bin directories go on PATH and setup hooks export variables.
+  shellStdenv = runCommand "fake-stdenv" { } ''
+    mkdir -p "$out"
+    cat > "$out/setup" <<'SETUP'
+    for input in $nativeBuildInputs; do PATH="$input/bin:$PATH"; done
+    PATH="$PATH:$NIX_BUILD_TOP/bin:/nix/store/0000000000000000000000000000000-missing/bin"
+    export PATH
+    export PYTHON_TOOLS=$nativeBuildInputs/lib
+    export SCRATCH=$NIX_BUILD_TOP/scratch
+    runHook() { :; }
+    export -f runHook
+    SETUP
+  '';
+
+  # A development shell like nixpkgs' mkShell makes (only for `nix develop`:
+  # building it fails), with the stand-in stdenv above. Other attributes
+  # become the shell's variables.
+  mkShell =
+    {
+      name ? "dev-shell",
+      packages ? [ ],
+      ...
+    }@attrs:
+    derivation (
+      builtins.removeAttrs attrs [ "packages" ]
+      // {
+        inherit name system;
+        stdenv = shellStdenv;
+        builder = "/bin/bash";
+        args = [
+          "-c"
+          "echo this shell is for nix develop only; exit 1"
+        ];
+        nativeBuildInputs = packages;
+      }
+    );
 }

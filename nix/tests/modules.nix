@@ -1,7 +1,9 @@
 # The NixOS and home-manager modules evaluated with nixpkgs' module system
 # (lib.evalModules from a nixpkgs `lib` directory) against stub declarations of
-# the few NixOS and home-manager options they set. No nixpkgs packages: the
-# server is built from fake-pkgs.nix by the real mkServer. Run by modules.sh.
+# the few NixOS and home-manager options they set, declared as nixpkgs and
+# home-manager declare them. No nixpkgs packages: the server is built from
+# fake-pkgs.nix by the real mkServer. Also the parts of flake.nix and
+# nix/daemon.nix that need nixpkgs' lib. Run by modules.sh.
 { nixpkgsLib }:
 let
   lib = import nixpkgsLib;
@@ -16,18 +18,35 @@ let
       inherit (fake.formats.toml { }) generate;
     };
   };
+  mkSandbox =
+    args:
+    lib'.mkSandbox (
+      {
+        inherit pkgs;
+        inherit (fake) daemon;
+      }
+      // args
+    );
   # The flake-bound library (nix/default.nix), bound to the fake packages.
   nixSandbox = {
     daemonFor = _: fake.daemon;
+    inherit mkSandbox;
     mkServer =
       {
         pkgs,
         config,
         project,
         daemon,
+        sandboxes,
       }:
       lib'.mkServer {
-        inherit pkgs config project daemon;
+        inherit
+          pkgs
+          config
+          project
+          daemon
+          sandboxes
+          ;
         flakeSource = "/nix/store/00000000000000000000000000000000-source";
         presets = import ../presets {
           inherit pkgs;
@@ -36,24 +55,49 @@ let
       };
   };
 
-  stub = type: mkOption { inherit type; };
-  servers = stub (types.attrsOf (types.attrsOf types.anything));
+  stub = type: default: mkOption { inherit type default; };
+  # As nixos/modules/misc/assertions.nix (home-manager uses the same).
+  checks = {
+    options.assertions = stub (types.listOf types.unspecified) [ ];
+    options.warnings = stub (types.listOf types.str) [ ];
+  };
+  # As nixos/modules/security/misc.nix.
   nixosStubs = withUsernsClone: [
+    checks
     {
-      options.environment.systemPackages = stub (types.listOf types.package);
-      options.security.allowUserNamespaces = stub types.bool;
+      options.environment.systemPackages = stub (types.listOf types.package) [ ];
+      options.security.allowUserNamespaces = stub types.bool true;
     }
-    (lib.optionalAttrs withUsernsClone { options.security.unprivilegedUsernsClone = stub types.bool; })
+    (lib.optionalAttrs withUsernsClone {
+      options.security.unprivilegedUsernsClone = stub types.bool false;
+    })
   ];
+  # As home-manager's modules/programs/mcp.nix: a typed server list.
+  mcpServer = types.submodule {
+    options = {
+      command = stub (types.nullOr types.str) null;
+      args = stub (types.listOf types.str) [ ];
+      env = stub (types.attrsOf types.str) { };
+      url = stub (types.nullOr types.str) null;
+    };
+  };
   homeStubs =
     {
       sharedList,
       claudeCode,
     }:
     [
-      { options.home.packages = stub (types.listOf types.package); }
-      (lib.optionalAttrs sharedList { options.programs.mcp.servers = servers; })
-      (lib.optionalAttrs claudeCode { options.programs.claude-code.mcpServers = servers; })
+      checks
+      { options.home.packages = stub (types.listOf types.package) [ ]; }
+      (lib.optionalAttrs sharedList {
+        options.programs.mcp = {
+          enable = lib.mkEnableOption "mcp";
+          servers = stub (types.attrsOf mcpServer) { };
+        };
+      })
+      (lib.optionalAttrs claudeCode {
+        options.programs.claude-code.mcpServers = stub (types.attrsOf (types.attrsOf types.anything)) { };
+      })
     ];
 
   evaluate =
@@ -86,6 +130,8 @@ let
       ]
       ++ homeStubs { inherit sharedList claudeCode; }
     );
+  failedAssertions =
+    config: map (a: a.message) (builtins.filter (a: !a.assertion) config.assertions);
 
   enabled = {
     programs.nix-sandbox-mcp = {
@@ -97,6 +143,7 @@ let
       };
     };
   };
+  with' = extra: lib.recursiveUpdate enabled { programs.nix-sandbox-mcp = extra; };
   finalPackage = settings: (nixos { inherit settings; }).config.programs.nix-sandbox-mcp.finalPackage;
   # fake-pkgs' formats.toml.generate keeps the value it was given.
   configOf = settings: (finalPackage settings).configFile.value;
@@ -105,6 +152,34 @@ let
     system = "x86_64-linux";
     builder = "/bin/sh";
   };
+  serverCommand = "${fake.runCommand "nix-sandbox-mcp-0.1.0" { } ""}/bin/nix-sandbox-mcp";
+
+  # What the server bakes in and writes for Nix-built environments.
+  ruby = mkSandbox {
+    name = "ruby";
+    packages = [ fake.multiOutput ];
+    interpreter = [
+      "ruby"
+      "{file}"
+    ];
+  };
+  nixBuilt = with' {
+    environments = {
+      tools = [
+        fake.jq
+        fake.ripgrep
+      ];
+      one = fake.jq;
+      data = {
+        packages = [ fake.python3 ];
+        interpreter = "python";
+        memory_mb = 2048;
+      };
+      rb = ruby;
+    };
+  };
+  nixBuiltServer = finalPackage nixBuilt;
+  nixBuiltConfig = configOf nixBuilt;
 
   options = (nixos { settings = { }; }).options.programs.nix-sandbox-mcp;
   homeOptions = (home { settings = { }; }).options.programs.nix-sandbox-mcp;
@@ -113,6 +188,39 @@ let
     builtins.filter (name: !(opts.${name} ? description && opts.${name} ? default && opts.${name} ? example)) (
       builtins.attrNames opts
     );
+
+  # flake.nix's outputs with a stand-in nixpkgs: nixpkgs' lib and the fake
+  # packages, enough to evaluate (not build) the checks.
+  flake = (import ../../flake.nix).outputs {
+    self = flake // {
+      outPath = "/nix/store/00000000000000000000000000000000-source";
+    };
+    nixpkgs = {
+      inherit lib;
+      outPath = "/nix/store/00000000000000000000000000000000-nixpkgs";
+      legacyPackages.x86_64-linux = fake // {
+        inherit lib;
+        callPackage =
+          fn: args:
+          import fn (
+            {
+              inherit lib;
+              rustPlatform = rustPlatformOf "1.88.0";
+            }
+            // args
+          );
+        linkFarm = name: entries: { inherit name entries; };
+      };
+    };
+  };
+  rustPlatformOf = version: {
+    rust.rustc = { inherit version; };
+    buildRustPackage = attrs: attrs // { overrideAttrs = f: attrs // f attrs; };
+  };
+  daemonWith = version: import ../daemon.nix {
+    inherit lib;
+    rustPlatform = rustPlatformOf version;
+  };
 
   tests = {
     "every NixOS option has a description, a default and an example" = {
@@ -123,27 +231,83 @@ let
       expr = undocumented homeOptions;
       expected = [ ];
     };
-    "the NixOS module installs the server and allows user namespaces" = {
+    "the NixOS module installs the server and allows unprivileged user namespaces by default" = {
       expr =
         let
           c = (nixos { settings = enabled; }).config;
         in
         {
           packages = map (p: p.name) c.environment.systemPackages;
-          inherit (c.security) allowUserNamespaces unprivilegedUsernsClone;
+          inherit (c.security) unprivilegedUsernsClone;
+          failed = failedAssertions c;
+          inherit (c) warnings;
         };
       expected = {
         packages = [ "nix-sandbox-mcp-0.1.0" ];
-        allowUserNamespaces = true;
         unprivilegedUsernsClone = true;
+        failed = [ ];
+        warnings = [ ];
       };
     };
+    "a hardened profile's default wins over the module's, with a warning saying what breaks" = {
+      expr =
+        let
+          c = (nixos {
+            settings = {
+              imports = [ enabled ];
+              # As nixos/modules/profiles/hardened.nix sets it.
+              security.unprivilegedUsernsClone = lib.mkDefault false;
+            };
+          }).config;
+        in
+        {
+          inherit (c.security) unprivilegedUsernsClone;
+          warned = map (w: lib.hasInfix "set security.unprivilegedUsernsClone = true" w && lib.hasInfix "No permissions to create new namespace" w) c.warnings;
+        };
+      expected = {
+        unprivilegedUsernsClone = false;
+        warned = [ true ];
+      };
+    };
+    "an explicit choice wins too, and is warned about" = {
+      expr =
+        let
+          c = (nixos {
+            settings = {
+              imports = [ enabled ];
+              security.unprivilegedUsernsClone = false;
+            };
+          }).config;
+        in
+        [
+          c.security.unprivilegedUsernsClone
+          (builtins.length c.warnings)
+        ];
+      expected = [
+        false
+        1
+      ];
+    };
+    "forbidding user namespaces fails an assertion that names the option and the fix" = {
+      expr =
+        failedAssertions
+          (nixos {
+            settings = {
+              imports = [ enabled ];
+              security.allowUserNamespaces = false;
+            };
+          }).config;
+      expected = [
+        "programs.nix-sandbox-mcp: security.allowUserNamespaces = false sets user.max_user_namespaces to 0, and every sandbox is a new user namespace, so no code could run; set security.allowUserNamespaces = true, or disable programs.nix-sandbox-mcp."
+      ];
+    };
     "the NixOS module evaluates where unprivilegedUsernsClone does not exist" = {
-      expr = (nixos {
-        withUsernsClone = false;
-        settings = enabled;
-      }).config.security.allowUserNamespaces;
-      expected = true;
+      expr =
+        (nixos {
+          withUsernsClone = false;
+          settings = enabled;
+        }).config.warnings;
+      expected = [ ];
     };
     "a disabled module sets nothing" = {
       expr = (nixos { settings = { }; }).config.environment.systemPackages;
@@ -166,14 +330,68 @@ let
         };
       };
     };
+    "environments may be package lists, packages, tables with packages and sandboxes" = {
+      expr = builtins.mapAttrs (_: a: {
+        inherit (a.manifestTemplate) name;
+        kind = a.manifestTemplate.interpreter.kind or null;
+        packages = map toString a.tools.drvAttrs.packages;
+      }) (builtins.removeAttrs nixBuiltServer.sandboxes [ "bash" "python" ]);
+      expected = builtins.mapAttrs (name: v: { inherit name; } // v) {
+        tools = {
+          kind = "bash";
+          packages = map toString [
+            fake.jq
+            fake.ripgrep
+            fake.bash
+            fake.coreutils
+          ];
+        };
+        one = {
+          kind = "bash";
+          packages = map toString [
+            fake.jq
+            fake.bash
+            fake.coreutils
+          ];
+        };
+        data = {
+          kind = "python";
+          packages = map toString [
+            fake.python3
+            fake.bash
+            fake.coreutils
+          ];
+        };
+        rb = {
+          kind = null;
+          packages = map toString [
+            fake.multiOutput.bin
+            fake.bash
+            fake.coreutils
+          ];
+        };
+      };
+    };
+    "a Nix-built environment's table names its artifact, which the server bakes in" = {
+      expr = builtins.mapAttrs (_: table: table) (
+        builtins.removeAttrs nixBuiltConfig.environments [
+          "py"
+          "sh"
+        ]
+      );
+      expected = builtins.mapAttrs (name: table: { flake = "${nixBuiltServer.sandboxes.${name}}"; } // table) {
+        tools = { };
+        one = { };
+        data.memory_mb = 2048;
+        rb = { };
+      };
+    };
     "a project flake turns use_flake on and adds the project environment" = {
       expr =
         let
-          settings = lib.recursiveUpdate enabled {
-            programs.nix-sandbox-mcp = {
-              settings.project.mode = "readonly";
-              project.devShells.x86_64-linux.default = projectShell;
-            };
+          settings = with' {
+            settings.project.mode = "readonly";
+            project.devShells.x86_64-linux.default = projectShell;
           };
         in
         {
@@ -193,10 +411,44 @@ let
       };
     };
     "bad settings fail with the key named" = {
-      expr = (finalPackage (lib.recursiveUpdate enabled { programs.nix-sandbox-mcp.settings.defaults.pids = 0; })).sandboxes;
+      expr = (finalPackage (with' { settings.defaults.pids = 0; })).sandboxes;
       throws = "defaults.pids: expected an integer of at least 1, got 0";
     };
-    "home-manager installs the server and registers it in programs.mcp.servers" = {
+    "environments that are wrong fail assertions that name the option and the fix" = {
+      expr =
+        failedAssertions
+          (nixos {
+            settings = with' {
+              environments = {
+                empty.description = "nothing to run";
+                two = {
+                  preset = "bash";
+                  packages = [ fake.jq ];
+                };
+                notArtifact.sandbox = fake.jq;
+                "a b".preset = "bash";
+                project.preset = "bash";
+              };
+              project.devShells.x86_64-linux.default = projectShell;
+              settings.environments.x.preset = "bash";
+            };
+          }).config;
+      expected = [
+        "programs.nix-sandbox-mcp.environments.a b: \"a b\" is not a valid environment name (letters, digits, '-', '_' or '.', starting with a letter or digit, at most 64 characters); rename it."
+        "programs.nix-sandbox-mcp.environments.empty says nothing to run: write a list of packages (programs.nix-sandbox-mcp.environments.empty = [ pkgs.jq ]), a sandbox (nix-sandbox-mcp.lib.mkSandbox { … }), or set preset, flake or interpreter."
+        "programs.nix-sandbox-mcp.environments.notArtifact.sandbox is jq-1.8.1, not a sandbox artifact: put it in programs.nix-sandbox-mcp.environments.notArtifact.packages (with an interpreter if it is not bash), or build it with nix-sandbox-mcp.lib.mkSandbox."
+        "programs.nix-sandbox-mcp.environments.two sets packages and preset: set only one of sandbox, packages, preset, flake or interpreter (interpreter may accompany packages or flake)."
+        "programs.nix-sandbox-mcp.settings.environments: set environments in programs.nix-sandbox-mcp.environments instead, where they may also be packages and sandboxes."
+        "programs.nix-sandbox-mcp.environments.project: the name project belongs to the environment programs.nix-sandbox-mcp.project creates; rename this entry."
+      ];
+    };
+    "home-manager fails the same assertions" = {
+      expr = failedAssertions (home { settings = with' { environments.empty.description = "x"; }; }).config;
+      expected = [
+        "programs.nix-sandbox-mcp.environments.empty says nothing to run: write a list of packages (programs.nix-sandbox-mcp.environments.empty = [ pkgs.jq ]), a sandbox (nix-sandbox-mcp.lib.mkSandbox { … }), or set preset, flake or interpreter."
+      ];
+    };
+    "home-manager registers the server in programs.mcp.servers, and warns while programs.mcp is off" = {
       expr =
         let
           c = (home { settings = enabled; }).config;
@@ -205,42 +457,110 @@ let
           packages = map (p: p.name) c.home.packages;
           shared = c.programs.mcp.servers;
           claudeCode = c.programs.claude-code.mcpServers;
+          warned = map (lib.hasInfix "set programs.mcp.enable = true") c.warnings;
         };
       expected = {
         packages = [ "nix-sandbox-mcp-0.1.0" ];
         shared.sandbox = {
-          command = "${fake.runCommand "nix-sandbox-mcp-0.1.0" { } ""}/bin/nix-sandbox-mcp";
+          command = serverCommand;
           args = [ "--stdio" ];
+          env = { };
+          url = null;
         };
         claudeCode = { };
+        warned = [ true ];
       };
     };
+    "with programs.mcp on, the registration is silent" = {
+      expr =
+        let
+          c =
+            (home {
+              settings = {
+                imports = [ enabled ];
+                programs.mcp.enable = true;
+              };
+            }).config;
+        in
+        [
+          (builtins.attrNames c.programs.mcp.servers)
+          c.warnings
+          (failedAssertions c)
+        ];
+      expected = [
+        [ "sandbox" ]
+        [ ]
+        [ ]
+      ];
+    };
     "without programs.mcp, home-manager registers the server with Claude Code" = {
-      expr = (home {
-        sharedList = false;
-        settings = lib.recursiveUpdate enabled { programs.nix-sandbox-mcp.mcpServerName = "nix-sandbox"; };
-      }).config.programs.claude-code.mcpServers;
+      expr =
+        (home {
+          sharedList = false;
+          settings = with' { mcpServerName = "nix-sandbox"; };
+        }).config.programs.claude-code.mcpServers;
       expected.nix-sandbox = {
         type = "stdio";
-        command = "${fake.runCommand "nix-sandbox-mcp-0.1.0" { } ""}/bin/nix-sandbox-mcp";
+        command = serverCommand;
         args = [ "--stdio" ];
       };
     };
     "home-manager evaluates without any MCP client module" = {
-      expr = map (p: p.name) (home {
-        sharedList = false;
-        claudeCode = false;
-        settings = enabled;
-      }).config.home.packages;
+      expr =
+        map (p: p.name)
+          (home {
+            sharedList = false;
+            claudeCode = false;
+            settings = enabled;
+          }).config.home.packages;
       expected = [ "nix-sandbox-mcp-0.1.0" ];
     };
-    "a null server name registers nowhere" = {
-      expr = (home {
-        settings = lib.recursiveUpdate enabled { programs.nix-sandbox-mcp.mcpServerName = null; };
-      }).config.programs.mcp.servers;
-      expected = { };
+    "a null server name registers nowhere and warns about nothing" = {
+      expr =
+        let
+          c = (home { settings = with' { mcpServerName = null; }; }).config;
+        in
+        [
+          c.programs.mcp.servers
+          c.warnings
+        ];
+      expected = [
+        { }
+        [ ]
+      ];
+    };
+
+    # nix/daemon.nix and flake.nix
+    "the daemon refuses a rustc older than 1.85, saying so" = {
+      expr = (daemonWith "1.84.1").pname;
+      throws = "building the daemon needs rustc 1.85 or later (the crate is Rust edition 2024), and this nixpkgs has rustc 1.84.1";
+    };
+    "the daemon builds with rustc 1.85" = {
+      expr = (daemonWith "1.85.0").pname;
+      expected = "nix-sandbox-mcp";
+    };
+    "checks-without-vm holds every flake check but the VM test" = {
+      expr = {
+        checks = builtins.attrNames flake.checks.x86_64-linux;
+        withoutVm = map (e: e.name) flake.legacyPackages.x86_64-linux.checks-without-vm.entries;
+      };
+      expected = {
+        checks = [
+          "cargo-unit-tests"
+          "eval-tests"
+          "module-tests"
+          "package"
+          "vm"
+        ];
+        withoutVm = [
+          "cargo-unit-tests"
+          "eval-tests"
+          "module-tests"
+          "package"
+        ];
+      };
     };
   };
 
-  in
+in
 import ./harness.nix tests

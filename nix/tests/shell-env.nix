@@ -9,28 +9,11 @@ let
   pkgs = import ./host-pkgs.nix { inherit system daemonBinary; };
   lib' = import ../lib;
 
-  # What nixpkgs' stdenv setup does to the environment, in miniature: the
-  # inputs' bin directories go on PATH and setup hooks export variables.
-  stdenv = pkgs.runCommand "fake-stdenv" { } ''
-    mkdir -p "$out"
-    cat > "$out/setup" <<'SETUP'
-    for input in $nativeBuildInputs; do PATH="$input/bin:$PATH"; done
-    PATH="$PATH:$NIX_BUILD_TOP/bin:/nix/store/0000000000000000000000000000000-missing/bin"
-    export PATH
-    export PYTHON_TOOLS=$nativeBuildInputs/lib
-    export SCRATCH=$NIX_BUILD_TOP/scratch
-    runHook() { :; }
-    export -f runHook
-    SETUP
-  '';
-
-  shell = derivation {
-    name = "dev-shell";
-    inherit system stdenv;
-    builder = "/bin/bash";
-    args = [ "-c" "echo this shell is for nix develop only; exit 1" ];
-    nativeBuildInputs = [ pkgs.python3 ];
+  shell = pkgs.mkShell {
+    packages = [ pkgs.python3 ];
     PROJECT_GREETING = "hello from the devShell";
+    # Every character JSON escapes, a control character and UTF-8.
+    TRICKY = builtins.fromJSON ''"quote \" backslash \\ tab \t newline \n dollar $ brace ''${x} control \u0001 \u00e9"'';
     shellHook = "echo entering the shell";
   };
 in
@@ -40,8 +23,5 @@ lib'.mkSandbox {
   inherit (pkgs.sandboxRuntime) env links;
   name = "project";
   interpreter = "bash";
-  shellEnvironment = lib'.captureShellEnvironment {
-    inherit (pkgs) jq;
-    inherit shell;
-  };
+  shellEnvironment = lib'.captureShellEnvironment { inherit shell; };
 }

@@ -24,6 +24,7 @@ actual=$(cd /tmp && "$daemon" run --artifact "$artifact" '
   python=$(command -v python3)
   echo "first on PATH: ${python##*-}"
   echo "program from the shell: $(python3 -c "print(6 * 7)")"
+  echo "escaped variable: $(python3 -c "import os; print(ascii(os.environ[\"TRICKY\"]))")"
 ')
 expected='variable: hello from the devShell
 setup hook variable: python3/lib
@@ -33,10 +34,11 @@ build directory variable: dropped
 HOME: /workspace
 exported function: dropped
 first on PATH: python3/bin/python3
-program from the shell: 42'
+program from the shell: 42
+escaped variable: '"'"'quote " backslash \\ tab \t newline \n dollar $ brace ${x} control \x01 \xe9'"'"''
 if [ "$actual" != "$expected" ]; then
   diff <(echo "$expected") <(echo "$actual") || true
   echo "shell-env test: FAILED" >&2
   exit 1
 fi
-echo "shell-env test: devShell environment captured and served (9 checks)"
+echo "shell-env test: devShell environment captured and served (10 checks)"

@@ -13,14 +13,21 @@ import anyio
 
 from harness import RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session, write_config
 
+# Code files named for this test run, so that sandboxes of other servers on
+# the machine are not counted as ours.
+TAG = uuid.uuid4().hex[:10]
+ENVIRONMENTS = "".join(
+    f'[environments.{name}]\npreset = "{name}"\nfile_name = ".main-{TAG}.{ext}"\n'
+    for name, ext in (("bash", "sh"), ("python", "py"), ("node", "js"))
+)
 LIMITS = write_config(
     "[defaults]\ntimeout_ms = 4000\nmemory_mb = 128\npids = 64\nworkspace_mb = 16\noutput_limit_mb = 64\n"
-    "[server]\nmax_concurrent_runs = 4\nmax_queued_runs = 200\n"
+    "[server]\nmax_concurrent_runs = 4\nmax_queued_runs = 200\n" + ENVIRONMENTS
 )
 
 
 def sandbox_scripts() -> list[str]:
-    return processes_with("/workspace/.main.")
+    return processes_with(f"/workspace/.main-{TAG}.")
 
 
 async def still_serving(s) -> None:
@@ -308,7 +315,7 @@ def test_audit_log_records_runs_without_code_or_output(tmp_path):
 
 
 def test_a_killed_server_leaves_no_sandbox_behind():
-    srv = RawServer()
+    srv = RawServer(config=write_config(ENVIRONMENTS))
     deadline = time.monotonic() + 5
     while not sandbox_scripts() and time.monotonic() < deadline:
         time.sleep(0.05)

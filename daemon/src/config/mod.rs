@@ -372,4 +372,3 @@ fn find_table_line(text: &str, name: &str) -> Option<usize> {
         .position(|l| wanted.iter().any(|w| l.trim() == w))
         .map(|i| i + 1)
 }
-

@@ -32,8 +32,8 @@ mod tests {
     /// test` rewrites it after a change to the configuration's types.
     #[test]
     fn the_committed_schema_is_the_generated_one() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../nix/lib/config-schema.json");
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nix/lib/config-schema.json");
         let generated = serde_json::to_string_pretty(&json_schema()).unwrap() + "\n";
         if std::env::var_os("NSM_UPDATE_SCHEMA").is_some() {
             std::fs::write(&path, &generated).unwrap();

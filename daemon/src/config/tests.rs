@@ -108,12 +108,8 @@ fn bad_env_name_and_var_rejected() {
         err_text("[environments.\"a b\"]\npreset = \"bash\"\n")
             .contains("not a valid environment name")
     );
-    assert!(
-        err_text("[project.inherit_env]\nvars = [\"PATH\"]\n").contains("set by the sandbox")
-    );
-    assert!(
-        err_text("[project.inherit_env]\nvars = [\"1X\"]\n").contains("not a valid variable")
-    );
+    assert!(err_text("[project.inherit_env]\nvars = [\"PATH\"]\n").contains("set by the sandbox"));
+    assert!(err_text("[project.inherit_env]\nvars = [\"1X\"]\n").contains("not a valid variable"));
 }
 
 #[test]

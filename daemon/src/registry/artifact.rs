@@ -64,7 +64,8 @@ const LINK_DIRS: &[&str] = &[
     "/usr/share",
 ];
 
-fn store_dir() -> PathBuf {
+/// The Nix store (`NIX_STORE_DIR`, else /nix/store).
+pub(crate) fn store_dir() -> PathBuf {
     std::env::var_os("NIX_STORE_DIR")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
