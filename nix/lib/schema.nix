@@ -1,159 +1,138 @@
-# The configuration file's keys and value types, as the daemon reads them
-# (daemon/src/config.rs). The same TOML drives the Nix build, so mkServer checks
-# it here: a typo or a bad value fails `nix build` / `nixos-rebuild` with the key
-# named, instead of failing later when an MCP client starts the server.
+# The configuration file's keys and value rules, read from config-schema.json,
+# which the daemon generates from the very types that read config.toml
+# (`nix-sandbox-mcp schema`; a cargo test keeps the committed copy current).
+# The same TOML drives the Nix build, so mkServer checks it here: a typo or a
+# bad value fails `nix build` / `nixos-rebuild` with the key named, instead of
+# failing later when an MCP client starts the server. Only the subset of JSON
+# Schema that file uses is understood.
 let
   util = import ./util.nix;
   inherit (util) fail show;
 
-  # A leaf type: a predicate and the words used when it fails.
-  leaf = description: check: { inherit description check; };
+  json = builtins.fromJSON (builtins.readFile ./config-schema.json);
+  extras = json."x-nix-sandbox-mcp";
 
-  bool = leaf "true or false" builtins.isBool;
-  string = leaf "a string" builtins.isString;
-  positive = leaf "an integer of at least 1" (v: builtins.isInt v && v >= 1);
-  nonNegative = leaf "an integer of at least 0" (v: builtins.isInt v && v >= 0);
-  between =
-    low: high:
-    leaf "an integer between ${toString low} and ${toString high}" (
-      v: builtins.isInt v && v >= low && v <= high
-    );
-  absolutePath = leaf "an absolute path" (v: builtins.isString v && util.hasPrefix "/" v);
-  oneOf =
-    values:
-    leaf "one of ${builtins.concatStringsSep ", " (map builtins.toJSON values)}" (
-      v: builtins.elem v values
-    );
-  listOf =
-    t:
-    leaf "a list, each item ${t.description}" (v: builtins.isList v && builtins.all t.check v);
+  # A JSON Schema pattern matches anywhere unless anchored; builtins.match
+  # must match the whole string.
+  matches =
+    pattern: s:
+    let
+      len = builtins.stringLength pattern;
+      starts = builtins.substring 0 1 pattern == "^";
+      ends = len > 0 && builtins.substring (len - 1) 1 pattern == "$";
+      body = builtins.substring (if starts then 1 else 0) (
+        len - (if starts then 1 else 0) - (if ends then 1 else 0)
+      ) pattern;
+      whole = (if starts then "" else ".*") + "(${body})" + (if ends then "" else ".*");
+    in
+    builtins.match whole s != null;
 
-  isValidName = name: builtins.isString name && builtins.match nameRegex name != null;
-  nameRegex = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}";
-  nameRule = "letters, digits, '-', '_' or '.', starting with a letter or digit, at most 64 characters";
+  types = s: if s ? type then (if builtins.isList s.type then s.type else [ s.type ]) else [ ];
 
-  # Variables the jail sets itself; an artifact or inherit_env may not touch them.
-  reservedVariables = [
-    "PATH"
-    "HOME"
-    "TMPDIR"
-    "PWD"
-    "USER"
-    "LOGNAME"
-  ];
-  isVariableName = v: builtins.isString v && builtins.match "[A-Za-z_][A-Za-z0-9_]*" v != null;
-  variableName = leaf "a variable name such as DATABASE_URL, other than ${builtins.concatStringsSep ", " reservedVariables}" (
-    v: isVariableName v && !(builtins.elem v reservedVariables)
-  );
-
-  fileName = leaf "a plain file name such as main.py" (
-    v:
-    builtins.isString v
-    && v != ""
-    && v != "."
-    && v != ".."
-    && builtins.stringLength v <= 128
-    && builtins.match ".*/.*" v == null
-  );
-
-  interpreter = leaf "a command such as \"ruby {file}\" or a list such as [\"ruby\", \"{file}\"]" (
-    v:
-    (builtins.isString v && util.words v != [ ])
-    || (builtins.isList v && v != [ ] && builtins.all builtins.isString v)
-  );
-
-  # Preset names an operator may write, and the bundled preset each one means.
-  presetAliases = {
-    bash = "bash";
-    shell = "bash";
-    python = "python";
-    python3 = "python";
-    node = "node";
-    nodejs = "node";
-  };
-  presetNames = [
-    "bash"
-    "python"
-    "node"
-  ];
-
-  limits = {
-    timeout_ms = between 1 86400000;
-    memory_mb = positive;
-    pids = positive;
-    cpu_seconds = positive;
-    file_size_mb = positive;
-    open_files = between 16 1048576;
-    workspace_mb = positive;
-    output_bytes = between 256 16777216;
-    output_limit_mb = positive;
-  };
-
-  config = {
-    server = {
-      max_concurrent_runs = positive;
-      max_queued_runs = nonNegative;
-      nix_build_timeout_seconds = positive;
-      audit_log = absolutePath;
-      audit_log_code = bool;
-      audit_log_output = bool;
-      max_jobs = positive;
-      job_timeout_seconds = positive;
-      job_retention_seconds = positive;
-      job_output_bytes = positive;
-      max_sessions = positive;
-      session_idle_seconds = positive;
-      session_max_lifetime_seconds = positive;
-    };
-    defaults = limits;
-    project = {
-      # The daemon resolves a relative path against the config file's directory,
-      # which for a Nix-built server is the store.
-      path = leaf "an absolute path (a relative one would point into the Nix store, where the built config file lives)" (
-        absolutePath.check
-      );
-      mount_point = absolutePath;
-      mode = oneOf [
-        "readonly"
-        "readwrite"
-      ];
-      use_flake = bool;
-      inherit_env.vars = listOf variableName;
-    };
-    environments = {
-      preset = oneOf (builtins.attrNames presetAliases);
-      interpreter = interpreter;
-      flake = string;
-      description = string;
-      file_name = fileName;
-      network = bool;
-      seccomp_allow = listOf string;
+  hasType =
+    ty: v:
+    {
+      integer = builtins.isInt v;
+      number = builtins.isInt v || builtins.isFloat v;
+      boolean = builtins.isBool v;
+      string = builtins.isString v;
+      array = builtins.isList v;
+      object = builtins.isAttrs v;
+      # TOML has no null, and neither does a configuration written in Nix.
+      null = false;
     }
-    // limits;
-  };
+    .${ty};
 
-  isLeaf = t: t ? check;
+  # Whether `v` satisfies the leaf schema `s`.
+  valid =
+    s: v:
+    (!(s ? anyOf) || builtins.any (sub: valid sub v) s.anyOf)
+    && (types s == [ ] || builtins.any (ty: hasType ty v) (types s))
+    && (!(s ? minimum) || !(builtins.isInt v) || v >= s.minimum)
+    && (!(s ? maximum) || !(builtins.isInt v) || v <= s.maximum)
+    && (!(s ? pattern) || !(builtins.isString v) || matches s.pattern v)
+    && (!(s ? enum) || builtins.elem v s.enum)
+    && (!(s ? not) || !(valid s.not v))
+    && (!(s ? minItems) || !(builtins.isList v) || builtins.length v >= s.minItems)
+    && (!(s ? items) || !(builtins.isList v) || builtins.all (valid s.items) v);
 
-  # Checks `value` against `table` (an attrset of leaf types and nested tables),
-  # returning it unchanged or throwing with the full key of the first problem.
+  # The rule of a leaf schema in words, for error messages.
+  describe =
+    s:
+    let
+      nonNull = builtins.filter (sub: types sub != [ "null" ]) (s.anyOf or [ ]);
+      showEnum = builtins.concatStringsSep ", " (map builtins.toJSON s.enum);
+    in
+    if s ? enum then
+      "one of ${showEnum}"
+    else if builtins.elem "integer" (types s) && s ? minimum && s ? maximum then
+      "an integer between ${toString s.minimum} and ${toString s.maximum}"
+    else if builtins.elem "integer" (types s) && s ? minimum then
+      "an integer of at least ${toString s.minimum}"
+    else if s ? "x-expected" then
+      s."x-expected"
+    else if builtins.elem "boolean" (types s) then
+      "true or false"
+    else if builtins.elem "array" (types s) && s ? items then
+      "a list, each item ${describe s.items}"
+    else if builtins.elem "string" (types s) then
+      "a string"
+    else if builtins.length nonNull == 1 then
+      describe (builtins.head nonNull)
+    else
+      "a valid value";
+
+  isTable = s: builtins.elem "object" (types s);
+
+  # Checks `value` against the table schema `s`, returning it unchanged or
+  # throwing with the full key of the first problem. `what` names unknown
+  # keys ("table" at the top, "key" below).
   checkTable =
-    key: table: value:
+    what: key: s: value:
+    let
+      known = builtins.attrNames (s.properties or { });
+      prefix = if key == "" then "" else "${key}.";
+    in
     if !builtins.isAttrs value then
       fail key "expected a table, got ${show value}"
     else
       builtins.mapAttrs (
         name: v:
         let
-          full = "${key}.${name}";
-          t = table.${name};
+          full = "${prefix}${name}";
         in
-        if !(table ? ${name}) then
-          fail full "unknown key (known keys: ${builtins.concatStringsSep ", " (builtins.attrNames table)})"
-        else if isLeaf t then
-          (if t.check v then v else fail full "expected ${t.description}, got ${show v}")
+        if s.properties or { } ? ${name} then
+          checkValue full s.properties.${name} v
         else
-          checkTable full t v
+          fail full "unknown ${what} (known: ${builtins.concatStringsSep ", " known})"
       ) value;
+
+  checkValue =
+    key: s: v:
+    if isTable s && s ? properties then
+      checkTable "key" key s v
+    else if valid s v then
+      v
+    else
+      fail key "expected ${describe s}, got ${show v}";
+
+  tables = json.properties;
+  environmentSchema = builtins.head (builtins.attrValues tables.environments.patternProperties);
+
+  presetAliases = extras.presetAliases;
+  presetNames = extras.presets;
+  reservedVariables = extras.reservedVariables;
+  nameRule = extras.environmentName.expected;
+  isValidName = name: builtins.isString name && matches extras.environmentName.pattern name;
+
+  variableName = tables.project.properties.inherit_env.properties.vars.items;
+  isVariableName = v: builtins.isString v && matches variableName.pattern v;
+
+  fileSchema = environmentSchema.properties.file_name;
+  fileName = {
+    description = describe fileSchema;
+    check = valid fileSchema;
+  };
 
   checkEnvironments =
     environments:
@@ -164,7 +143,6 @@ let
         name: entry:
         let
           key = "environments.${name}";
-          checked = checkTable key config.environments entry;
           sources = builtins.filter (s: entry ? ${s}) [
             "preset"
             "interpreter"
@@ -176,8 +154,18 @@ let
         else if !(builtins.length sources == 1 || sources == [ "interpreter" "flake" ]) then
           fail key "set exactly one of preset, interpreter or flake (interpreter may accompany flake)"
         else
-          checked
+          checkTable "key" key environmentSchema entry
       ) environments;
+
+  # The daemon resolves a relative project path against the directory it
+  # starts in; for a Nix-built server the path must be absolute to mean
+  # anything.
+  checkProjectPath =
+    project:
+    if project ? path && !(builtins.isString project.path && util.hasPrefix "/" project.path) then
+      fail "project.path" "expected an absolute path (a relative one would point into the Nix store, where the built config file lives), got ${show project.path}"
+    else
+      project;
 in
 {
   inherit
@@ -202,10 +190,12 @@ in
         name: value:
         if name == "environments" then
           checkEnvironments value
-        else if config ? ${name} then
-          checkTable name config.${name} value
+        else if name == "project" then
+          checkProjectPath (checkValue name tables.project value)
+        else if tables ? ${name} then
+          checkValue name tables.${name} value
         else
-          fail name "unknown table (known: server, defaults, project, environments)"
+          fail name "unknown table (known: ${builtins.concatStringsSep ", " (builtins.attrNames tables)})"
       ) settings;
 
   # Every key name the schema knows, in any table (for the test that holds it
@@ -213,13 +203,15 @@ in
   keyNames =
     let
       names =
-        table:
+        s:
         builtins.concatLists (
-          util.mapAttrsToList (name: t: if isLeaf t then [ name ] else names t) table
+          util.mapAttrsToList (name: sub: [ name ] ++ names sub) (s.properties or { })
+          ++ map names (builtins.attrValues (s.patternProperties or { }))
         );
+      tableNames = builtins.attrNames tables ++ [ "inherit_env" ];
     in
-    util.unique (names config);
+    builtins.filter (n: !(builtins.elem n tableNames)) (util.unique (names json));
 
   # Checks a mkSandbox `limits` argument, which uses the `[defaults]` keys.
-  checkLimits = key: value: checkTable key limits value;
+  checkLimits = key: value: checkTable "key" key tables.defaults value;
 }

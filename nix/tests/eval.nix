@@ -226,6 +226,14 @@ let
       expr = lib'.planServer { project.path = "src"; };
       throws = "project.path: expected an absolute path";
     };
+    "a mount point the sandbox provides is refused, as the daemon refuses it" = {
+      expr = lib'.planServer { project.mount_point = "/usr/src/p"; };
+      throws = "project.mount_point: expected an absolute path such as /project, not / or /workspace";
+    };
+    "a mount point with .. is refused" = {
+      expr = lib'.planServer { project.mount_point = "/srv/../etc"; };
+      throws = "project.mount_point: expected an absolute path";
+    };
     "a bad project mode is refused" = {
       expr = lib'.planServer { project.mode = "rw"; };
       throws = "project.mode: expected one of \"readonly\", \"readwrite\"";
@@ -290,6 +298,19 @@ let
   };
 
   valueTests = {
+    "the reserved variables and presets are the daemon's, from its generated schema" = {
+      expr = {
+        inherit (import ../lib/schema.nix) reservedVariables presetNames;
+      };
+      expected = {
+        reservedVariables = generatedSchema."x-nix-sandbox-mcp".reservedVariables;
+        presetNames = [
+          "bash"
+          "python"
+          "node"
+        ];
+      };
+    };
     "config.example.toml documents exactly the keys the schema checks" = {
       expr = {
         undocumented = builtins.filter (k: !(builtins.elem k exampleKeyNames)) schemaKeyNames;
@@ -825,6 +846,7 @@ let
       map builtins.head (builtins.filter (k: k != null) (map keyOf lines))
     );
   schemaKeyNames = (import ../lib/schema.nix).keyNames;
+  generatedSchema = builtins.fromJSON (builtins.readFile ../lib/config-schema.json);
 
   in
 import ./harness.nix (throwsTests // valueTests)

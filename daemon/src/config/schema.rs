@@ -8,7 +8,9 @@
 use schemars::generate::SchemaSettings;
 use serde_json::{Value, json};
 
-use super::{PRESET_ALIASES, RESERVED_VARS, RawConfig};
+use super::{
+    ENV_NAME_PATTERN, ENV_NAME_RULE, PRESET_ALIASES, PRESET_NAMES, RESERVED_VARS, RawConfig,
+};
 
 /// The schema, as JSON (draft 2020-12, every subschema inlined).
 pub fn json_schema() -> Value {
@@ -19,7 +21,9 @@ pub fn json_schema() -> Value {
     schema["title"] = json!("nix-sandbox-mcp configuration");
     schema["x-nix-sandbox-mcp"] = json!({
         "presetAliases": PRESET_ALIASES.iter().map(|(a, p)| (a.to_string(), json!(p))).collect::<serde_json::Map<_, _>>(),
+        "presets": PRESET_NAMES,
         "reservedVariables": RESERVED_VARS,
+        "environmentName": {"pattern": ENV_NAME_PATTERN, "expected": ENV_NAME_RULE},
     });
     schema
 }

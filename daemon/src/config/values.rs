@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, de};
 /// A value type that checks itself when read and describes the same rule,
 /// with `$schema`, in the JSON schema.
 macro_rules! validated {
-    ($name:ident($inner:ty), $expecting:literal, $schema:tt, |$v:ident| $check:expr) => {
+    ($name:ident($inner:ty), $expecting:expr, $schema:tt, |$v:ident| $check:expr) => {
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let $v = <$inner>::deserialize(d)?;
@@ -89,9 +89,13 @@ validated!(OutputBytes(u64), "bytes between 256 and 16777216", {"type": "integer
 /// An environment name as the agent will type it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct EnvName(pub String);
+/// What an environment name may be, in words.
+pub const ENV_NAME_RULE: &str =
+    "letters, digits, '-', '_' or '.', starting with a letter or digit, at most 64 characters";
+
 validated!(
     EnvName(String),
-    "letters, digits, '-', '_' or '.', starting with a letter or digit, at most 64 characters",
+    ENV_NAME_RULE,
     {"type": "string", "pattern": ENV_NAME_PATTERN},
     |v| {
         if is_valid_env_name(&v) {
@@ -270,13 +274,17 @@ impl<'de> Deserialize<'de> for Interpreter {
     }
 }
 
+const INTERPRETER_RULE: &str =
+    "a command such as \"ruby {file}\" or a list such as [\"ruby\", \"{file}\"]";
+
 impl JsonSchema for Interpreter {
     fn schema_name() -> Cow<'static, str> {
         "Interpreter".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
-            "description": "a command such as \"ruby {file}\" or a list such as [\"ruby\", \"{file}\"]",
+            "description": INTERPRETER_RULE,
+            "x-expected": INTERPRETER_RULE,
             "anyOf": [
                 {"type": "string", "pattern": "[^ \t\n]"},
                 {"type": "array", "items": {"type": "string"}, "minItems": 1}
@@ -296,6 +304,9 @@ impl Interpreter {
         }
     }
 }
+
+/// The bundled presets, by canonical name.
+pub const PRESET_NAMES: &[&str] = &["bash", "python", "node"];
 
 /// Preset names an operator may write, and the bundled preset each means.
 pub const PRESET_ALIASES: &[(&str, &str)] = &[

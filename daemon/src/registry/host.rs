@@ -62,8 +62,7 @@ impl Source for HostPresets {
     }
 }
 
-/// The bundled presets, by canonical name.
-pub const PRESET_NAMES: &[&str] = &["bash", "python", "node"];
+pub use crate::config::PRESET_NAMES;
 
 /// Canonical preset name for a name an operator may write.
 pub fn preset_for(name: &str) -> Option<&'static str> {
