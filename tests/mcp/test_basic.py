@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from harness import MODE, call, dump, fixture_project, processes_with, run_async, session, write_config
+from harness import MODE, HostListeners, call, dump, fixture_project, processes_with, run_async, session, write_config
 
 ENVS = ("bash", "node", "python")
 
@@ -176,20 +176,27 @@ def test_project_is_readable_and_not_writable():
 
 
 def test_network_is_unreachable():
+    """A probe that reaches listeners on every address of this machine when the
+    network is on (the control: it can tell open from closed) reaches none
+    from an environment without network."""
+    config = write_config('[environments.python]\npreset = "python"\n[environments.netpython]\npreset = "python"\nnetwork = true\n')
+    closed, opened = HostListeners(), HostListeners()
+
     async def t():
-        async with session() as s:
-            code = (
-                "import socket\n"
-                "for addr in [('1.1.1.1', 80), ('8.8.8.8', 53)]:\n"
-                "    s = socket.socket(); s.settimeout(3)\n"
-                "    try:\n"
-                "        s.connect(addr); print('CONNECTED')\n"
-                "    except OSError as e:\n"
-                "        print('unreachable')\n"
-            )
-            sc, _, _ = await call(s, "python", code)
-            assert sc["stdout"] == "unreachable\nunreachable\n", dump(sc)
-    run_async(t)
+        async with session(config=config) as s:
+            sc, _, err = await call(s, "python", closed.python_probe())
+            tcp = [l for l in sc["stdout"].splitlines() if l.startswith("tcp ")]
+            assert not err and len(tcp) == len(closed.targets), dump(sc)
+            assert all(" failed " in l for l in tcp), dump(sc)
+            sc, _, err = await call(s, "netpython", opened.python_probe())
+            assert not err and "failed" not in sc["stdout"], dump(sc)
+    try:
+        run_async(t)
+        assert closed.reached() == [], "the host saw traffic from a sandbox without network"
+        assert opened.reached() == opened.expected()
+    finally:
+        closed.close()
+        opened.close()
 
 
 def test_output_flood_returns_capped_head_and_tail_with_marker():

@@ -5,13 +5,13 @@ are counted before and after: none may be left over."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 import uuid
 
 import anyio
 
-from harness import RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session, write_config
+from harness import (HostListeners, RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session,
+                     write_config)
 
 LIMITS = write_config(
     "[defaults]\ntimeout_ms = 4000\nmemory_mb = 128\npids = 64\nworkspace_mb = 16\noutput_limit_mb = 64\n"
@@ -131,32 +131,67 @@ def test_project_symlinks_that_point_outside_give_nothing():
     assert not (outside / "new").exists()
 
 
-def test_host_loopback_and_outside_addresses_are_unreachable():
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.setblocking(False)
-    port = listener.getsockname()[1]
+def bash_probe(listeners: HostListeners) -> str:
+    """Bash's /dev/tcp and /dev/udp to every listener: `tcp <address> sent` or `tcp <address> failed`."""
+    lines = []
+    for _, host, tcp, udp in listeners.ports():
+        for proto, port in (("tcp", tcp), ("udp", udp)):
+            lines.append(f"if {{ printf %s {listeners.token} > /dev/{proto}/{host}/{port}; }} 2>/dev/null; "
+                         f"then echo '{proto} {host} sent'; else echo '{proto} {host} failed'; fi")
+    return "\n".join(lines) + "\n"
+
+
+def node_probe(listeners: HostListeners) -> str:
+    """Node's net and dgram modules to every listener, one after the other."""
+    return (
+        "const net = require('net'), dgram = require('dgram');\n"
+        f"const token = {json.dumps(listeners.token)};\n"
+        f"const targets = {json.dumps(listeners.ports())};\n"
+        "(async () => {\n"
+        "  for (const [family, host, tcp, udp] of targets) {\n"
+        "    console.log('tcp', host, await new Promise((done) => {\n"
+        "      const c = net.connect({ host, port: tcp, timeout: 3000 });\n"
+        "      c.on('connect', () => { c.setTimeout(0); c.end(token, () => { c.destroy(); done('sent'); }); });\n"
+        "      c.on('error', (e) => done('failed ' + e.code));\n"
+        "      c.on('timeout', () => { c.destroy(); done('failed timeout'); });\n"
+        "    }));\n"
+        "    console.log('udp', host, await new Promise((done) => {\n"
+        "      const u = dgram.createSocket(host.includes(':') ? 'udp6' : 'udp4');\n"
+        "      u.send(token, udp, host, (e) => { u.close(); done(e ? 'failed ' + e.code : 'sent'); });\n"
+        "    }));\n"
+        "  }\n"
+        "})();\n"
+    )
+
+
+def test_host_addresses_are_unreachable_from_bash_and_node():
+    """Bash and node probes that reach listeners on every address of this
+    machine from environments with the network on (the control) reach none
+    from the same environments without it."""
+    config = write_config(
+        '[environments.bash]\npreset = "bash"\n[environments.node]\npreset = "node"\n'
+        '[environments.netbash]\npreset = "bash"\nnetwork = true\n[environments.netnode]\npreset = "node"\nnetwork = true\n'
+    )
+    probes = {"bash": bash_probe, "node": node_probe}
+    listeners = {(env, network): HostListeners() for env in probes for network in (False, True)}
 
     async def t():
-        async with session() as s:
-            code = (
-                "import socket\n"
-                f"for addr in [('127.0.0.1', {port}), ('10.0.0.1', 80), ('1.1.1.1', 443)]:\n"
-                "    c = socket.socket(); c.settimeout(2)\n"
-                "    try:\n"
-                "        c.connect(addr); print('CONNECTED', addr)\n"
-                "    except OSError:\n"
-                "        print('unreachable')\n"
-            )
-            sc, _, _ = await call(s, "python", code)
-            assert sc["stdout"] == "unreachable\n" * 3, dump(sc)
-    run_async(t)
+        async with session(config=config) as s:
+            for (env, network), l in listeners.items():
+                sc, _, err = await call(s, f"net{env}" if network else env, probes[env](l))
+                tcp = [line for line in sc["stdout"].splitlines() if line.startswith("tcp ")]
+                assert not err and len(tcp) == len(l.targets), dump(sc)
+                if network:
+                    assert "failed" not in sc["stdout"], dump(sc)
+                else:
+                    assert all(" failed" in line for line in tcp), dump(sc)
     try:
-        listener.accept()
-        raise AssertionError("the host's loopback listener got a connection")
-    except BlockingIOError:
-        pass
+        run_async(t)
+        for (env, network), l in listeners.items():
+            assert l.reached() == (l.expected() if network else []), (env, network)
+    finally:
+        for l in listeners.values():
+            l.close()
 
 
 def test_tiocsti_ptrace_and_proc_escapes_fail():

@@ -132,3 +132,11 @@ pub fn marker() -> String {
         1000 + N.fetch_add(1, Ordering::SeqCst)
     )
 }
+
+/// Prints `message` on the terminal even though the test harness captures
+/// test output (it captures only the print macros): for a test that skips
+/// part or all of what it checks, so the skip is seen.
+pub fn note(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "note: {message}");
+}
