@@ -248,18 +248,47 @@ mod tests {
         }
     }
 
+    /// Everything the layout binds into a sandbox, in host mode and networked.
+    fn bound(l: &HostLayout) -> Vec<&Path> {
+        l.system_dirs
+            .iter()
+            .chain(&l.etc_host)
+            .chain(&l.etc_network)
+            .map(PathBuf::as_path)
+            .collect()
+    }
+
     #[test]
     fn layout_never_includes_secrets() {
         let l = probe_layout();
         if Path::new("/usr").is_dir() {
             assert!(l.system_dirs.contains(&PathBuf::from("/usr")));
         }
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let secrets = [
+            "/etc/shadow",
+            "/etc/gshadow",
+            "/etc/sudoers",
+            "/etc/ssh",
+            "/root",
+            "/home",
+            "/var",
+            "/run",
+            "/tmp",
+        ];
+        for p in bound(&l) {
+            assert!(p.exists(), "{} is bound but missing", p.display());
+            for s in secrets.iter().map(Path::new).chain(home.as_deref()) {
+                assert!(
+                    !s.starts_with(p),
+                    "binding {} exposes {}",
+                    p.display(),
+                    s.display()
+                );
+            }
+        }
         for p in l.etc_host.iter().chain(&l.etc_network) {
-            assert!(
-                !p.ends_with("shadow") && !p.ends_with("sudoers") && !p.starts_with("/etc/ssh"),
-                "{}",
-                p.display()
-            );
+            assert_eq!(p.parent(), Some(Path::new("/etc")), "{}", p.display());
         }
     }
 }

@@ -5,6 +5,8 @@ against Nix-built artifacts."""
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import time
 import uuid
 
@@ -221,10 +223,40 @@ def test_filesystem_view_matches_the_mode():
             usr, count = sc["stdout"].splitlines()[-2:]
             assert "/home" not in sc["stdout"] and "/root" not in sc["stdout"], dump(sc)
             if MODE == "closure":
-                # Only the closure: /usr holds nothing but the /usr/bin/env link.
+                # Only the closure: /usr holds nothing but the /usr/bin/env link,
+                # and the store holds exactly the paths the manifest lists.
                 assert (usr, count) == ("bin ", "1"), dump(sc)
-                sc, _, _ = await call(s, "bash", "ls /usr/bin; ls /nix/store | wc -l; ls /nix/store/*/ -d | head -50")
-                assert sc["stdout"].startswith("env\n"), dump(sc)
+                sc, _, _ = await call(s, "bash", "ls /usr/bin")
+                assert sc["stdout"] == "env\n", dump(sc)
+                for env, code in STORE_LISTING.items():
+                    closure = artifact_closure(env)
+                    store = {os.path.dirname(p) for p in closure}
+                    assert len(store) == 1, closure
+                    sc, _, err = await call(s, env, code.replace("STORE", store.pop()))
+                    assert not err, dump(sc)
+                    assert sorted(sc["stdout"].split()) == sorted(os.path.basename(p) for p in closure), (env, dump(sc))
             else:
                 assert "lib" in usr and int(count) > 50, dump(sc)
     run_async(t)
+
+
+# Each environment lists its store directory with its own interpreter.
+STORE_LISTING = {
+    "bash": "ls -A STORE",
+    "python": "import os\nprint('\\n'.join(os.listdir('STORE')))",
+    "node": "console.log(require('fs').readdirSync('STORE').join('\\n'))",
+}
+
+
+def artifact_closure(env: str) -> list[str]:
+    """The closure in the manifest of the artifact named `env` that the server
+    loads from NIX_SANDBOX_DIR (a later directory's artifact replaces an
+    earlier one's)."""
+    closure = None
+    for d in os.environ["NIX_SANDBOX_DIR"].split(":"):
+        for manifest in sorted(pathlib.Path(d).glob("*/manifest.json")) if d else []:
+            m = json.loads(manifest.read_text())
+            if m["name"] == env:
+                closure = m["closure"]
+    assert closure, f"no artifact {env} in NIX_SANDBOX_DIR"
+    return closure

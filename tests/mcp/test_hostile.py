@@ -5,6 +5,11 @@ are counted before and after: none may be left over."""
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import pwd
+import shutil
+import tempfile
 import time
 import uuid
 
@@ -81,25 +86,43 @@ def test_gigabyte_output_flood_is_cut_and_reported():
     run_async(t)
 
 
-def test_host_secrets_are_out_of_reach(tmp_path):
-    home = tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "id_ed25519").write_text("PRIVATE-KEY-MATERIAL\n")
-    env = {"HOME": str(home), "AWS_SECRET_ACCESS_KEY": "AKIA-SECRET-VALUE"}
+def test_host_secrets_are_out_of_reach():
+    """Secrets where a jail that exposed the host would show them: in the home
+    directory of the user running the server, in the host's /tmp and /var/tmp
+    (readable by everyone, so a leak could not hide behind permissions), and
+    in the server's environment. In the sandbox those paths do not exist."""
+    home = pathlib.Path(pwd.getpwuid(os.getuid()).pw_dir)
+    tag = uuid.uuid4().hex[:12]
+    dirs = [home / f".nsm-test-secret-{tag}", readable_tmpdir(), pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))]
+    keys = []
+    for d in dirs:
+        d.mkdir(exist_ok=True)
+        d.chmod(0o755)
+        key = d / "id_ed25519"
+        key.write_text(f"PRIVATE-KEY-MATERIAL-{tag}\n")
+        key.chmod(0o644)
+        keys.append(key)
+    env = {"HOME": str(home), "AWS_SECRET_ACCESS_KEY": f"AKIA-SECRET-{tag}"}
 
     async def t():
         async with session(env=env) as s:
-            code = (
-                f"cat {home}/.ssh/id_ed25519 2>&1; cat ~/.ssh/id_ed25519 2>&1; cat /etc/shadow 2>&1\n"
+            # The control: the secrets are there on the host while the sandbox looks.
+            assert all(k.read_text() == f"PRIVATE-KEY-MATERIAL-{tag}\n" for k in keys)
+            code = "".join(f"cat {k} 2>&1\n" for k in keys) + (
+                "cat /etc/shadow 2>&1\n"
                 "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'\n"
                 "grep -r AKIA-SECRET /proc/*/environ /proc/*/cmdline 2>/dev/null\n"
             )
             sc, _, _ = await call(s, "bash", code)
             everything = sc["stdout"] + sc["stderr"]
-            assert "PRIVATE-KEY-MATERIAL" not in everything
-            assert "AKIA-SECRET-VALUE" not in everything
-            assert "No such file" in everything
-    run_async(t)
+            assert f"PRIVATE-KEY-MATERIAL-{tag}" not in everything and f"AKIA-SECRET-{tag}" not in everything, dump(sc)
+            for k in keys + [pathlib.Path("/etc/shadow")]:
+                assert f"cat: {k}: No such file or directory" in sc["stdout"], dump(sc)
+    try:
+        run_async(t)
+    finally:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def test_project_symlinks_that_point_outside_give_nothing():
