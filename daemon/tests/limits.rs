@@ -352,46 +352,56 @@ async fn a_full_executor_answers_busy_at_once_and_queues_within_bounds() {
     config.server.max_concurrent_runs = Some(Positive(1));
     config.server.max_queued_runs = Some(1);
     let executor = app::executor_for(&config, true).unwrap();
-    let slow = env_with("bash", |_| {});
-    let request = |code: &'static str| Request {
-        env: &slow,
-        code: code.as_bytes(),
-        project: None,
-        inherited: &[],
-        cancel: CancellationToken::new(),
-        observer: None,
+    let bash = env("bash");
+    let m = marker();
+    let hold = CancellationToken::new();
+    let request = |code: String, cancel: CancellationToken| {
+        let code = code.into_bytes();
+        let env = bash.clone();
+        let executor = &executor;
+        async move {
+            executor
+                .run(Request {
+                    env: &env,
+                    code: &code,
+                    project: None,
+                    inherited: &[],
+                    cancel,
+                    observer: None,
+                })
+                .await
+        }
     };
-    let first = executor.run(request("sleep 1; echo first"));
-    let second = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        executor.run(request("echo second")).await
-    };
-    let third = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let t = Instant::now();
-        let r = executor.run(request("echo third")).await;
-        (r, t.elapsed())
-    };
-    let (a, b, (c, c_wait)) = tokio::join!(first, second, third);
-    assert_eq!(a.unwrap().stdout.text, "first\n");
+    // The first call holds the only slot until it is cancelled.
+    let mut first = std::pin::pin!(request(format!("sleep {m}"), hold.clone()));
+    tokio::select! {
+        o = &mut first => panic!("the first call ended: {o:?}"),
+        _ = tokio::time::sleep(Duration::from_secs(30)) => panic!("the first call never started"),
+        _ = async {
+            while processes_with(&m).is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        } => {}
+    }
+    // The second waits in the queue; the third finds the queue full and is
+    // answered on its first poll, without waiting for anything.
+    let mut second = std::pin::pin!(request("echo second".into(), CancellationToken::new()));
+    assert!(futures::poll!(second.as_mut()).is_pending());
+    let mut third = std::pin::pin!(request("echo third".into(), CancellationToken::new()));
+    match futures::poll!(third.as_mut()) {
+        std::task::Poll::Ready(Err(ExecError::Busy {
+            running: 1,
+            queued: 1,
+        })) => {}
+        other => panic!("expected busy at once, got {other:?}"),
+    }
+    hold.cancel();
+    let (a, b) = tokio::join!(first, second);
+    assert!(a.unwrap().cancelled);
     assert_eq!(
         b.unwrap().stdout.text,
         "second\n",
         "the queued call runs once a slot frees"
-    );
-    assert!(
-        matches!(
-            c,
-            Err(ExecError::Busy {
-                running: 1,
-                queued: 1
-            })
-        ),
-        "{c:?}"
-    );
-    assert!(
-        c_wait < Duration::from_millis(100),
-        "busy must be immediate: {c_wait:?}"
     );
     executor.enforcer().cleanup();
 }
@@ -401,8 +411,11 @@ async fn cancelling_kills_the_sandbox_promptly() {
     let m = marker();
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();
+    let watched = m.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        while processes_with(&watched).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         trigger.cancel();
     });
     let t = Instant::now();
@@ -413,11 +426,9 @@ async fn cancelling_kills_the_sandbox_promptly() {
     )
     .await;
     assert!(o.cancelled, "{o:?}");
-    assert!(
-        t.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        t.elapsed()
-    );
+    // Far below the program's own 30 s; the latency itself is measured by
+    // bench/latency.py.
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
     assert!(processes_with(&m).is_empty());
 }
 

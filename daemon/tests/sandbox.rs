@@ -8,7 +8,7 @@ use std::io::Read;
 use std::net::{IpAddr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::{env, env_with, fixture, marker, note, processes_with, run};
+use common::{env, env_with, fixture, left_after, marker, note, processes_with, run};
 use nix_sandbox_mcp::exec::LimitKind;
 
 #[tokio::test]
@@ -316,12 +316,8 @@ async fn background_processes_die_when_the_program_exits() {
     )
     .await;
     assert!(o.succeeded());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        processes_with(&m).is_empty(),
-        "left behind: {:?}",
-        processes_with(&m)
-    );
+    let left = left_after(&m, 5).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 #[tokio::test]
