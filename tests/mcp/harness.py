@@ -5,6 +5,7 @@ independent; helpers cover the common shapes of a call."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import json
 import os
@@ -85,8 +86,29 @@ async def call(s: ClientSession, env: str, code: str, **extra: Any) -> tuple[dic
     return res.structured_content or {}, text, bool(res.is_error)
 
 
-def processes_with(marker: str) -> list[str]:
-    """Host processes whose command line contains `marker`."""
+# Orphans of the servers the tests start (and of their sandboxes) are
+# reparented to this process rather than to init, so that a sandbox left
+# behind is still known to be ours: other test runs on the machine have
+# sandboxes of their own.
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def descends_from_us(pid: str) -> bool:
+    me = os.getpid()
+    while pid not in ("0", "1"):
+        try:
+            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = stat.rsplit(")", 1)[1].split()[1]
+        if pid == str(me):
+            return True
+    return False
+
+
+def processes_with(marker: str, ours: bool = False) -> list[str]:
+    """Host processes whose command line contains `marker`; with `ours`, only
+    those descending from this test process."""
     found = []
     me = str(os.getpid())
     for p in pathlib.Path("/proc").iterdir():
@@ -96,7 +118,7 @@ def processes_with(marker: str) -> list[str]:
             cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in cmd:
+        if marker in cmd and (not ours or descends_from_us(p.name)):
             found.append(f"{p.name}: {cmd}")
     return found
 

@@ -25,7 +25,8 @@ LIMITS = write_config(
 
 
 def sandbox_scripts() -> list[str]:
-    return processes_with("/workspace/.main.")
+    """Sandboxes of the servers these tests started, running or prepared."""
+    return processes_with("/workspace/.main.", ours=True)
 
 
 async def still_serving(s) -> None:
