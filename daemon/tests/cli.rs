@@ -266,6 +266,31 @@ fn a_missing_interpreter_drops_its_environment_with_a_warning() {
 }
 
 #[test]
+#[ignore = "product bug (found under issue 19): the start-up check of each environment waits for a run slot like a call, so with max_concurrent_runs = 1 and max_queued_runs = 0 python and node are refused as busy and dropped"]
+fn a_small_run_queue_does_not_drop_environments_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "[server]\nmax_concurrent_runs = 1\nmax_queued_runs = 0\n",
+    );
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "envs",
+        "--json",
+    ]));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o.stderr)));
+    let names: Vec<&str> = v["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["bash", "node", "python"], "{}", v["warnings"]);
+}
+
+#[test]
 fn config_errors_name_file_key_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(
@@ -401,7 +426,13 @@ fn stdio_without_bubblewrap_fails_fast_with_install_advice() {
 
 #[test]
 fn as_root_a_project_the_sandbox_cannot_read_is_refused_at_start() {
-    if !rustix_is_root() {
+    if !rustix::process::geteuid().is_root() {
+        // Only a root server runs sandboxes under another uid than its own.
+        // The harness captures the print macros only: this line is seen.
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped as_root_a_project_the_sandbox_cannot_read_is_refused_at_start: needs root"
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -417,12 +448,6 @@ fn as_root_a_project_the_sandbox_cannot_read_is_refused_at_start() {
         e.contains("cannot read the project") && e.contains("chmod o+rx"),
         "{e}"
     );
-}
-
-fn rustix_is_root() -> bool {
-    std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-        .unwrap_or(false)
 }
 
 #[test]

@@ -143,37 +143,117 @@ async fn output_limit_kills_a_gigabyte_flood() {
     assert!(t.elapsed() < Duration::from_secs(10));
 }
 
-/// Python that calls each syscall directly and prints `name errno`.
+/// Python that makes each call the filter refuses, each in a child process of
+/// its own, and prints `name errno` (0: the call succeeded). The arguments are
+/// ones the kernel rejects, or accepts, before it looks at capabilities, so
+/// that without the filter every call gets an answer of its own. The terminal
+/// ioctls are tried on a pty made the caller's controlling terminal, where the
+/// kernel would let TIOCSTI inject input.
 const SYSCALL_PROBE: &str = r#"
-import ctypes, os, platform, pty, fcntl, termios
+import ctypes, fcntl, os, platform, pty, termios, threading
 libc = ctypes.CDLL(None, use_errno=True)
 nr = {
- "x86_64": dict(ptrace=101, process_vm_readv=310, keyctl=250, add_key=248, mount=165, umount2=166, pivot_root=155,
-   unshare=272, setns=308, kexec_load=246, bpf=321, perf_event_open=298, userfaultfd=323, personality=135,
-   io_uring_setup=425, open_by_handle_at=304, init_module=175, reboot=169, syslog=103, clone3=435,
-   process_vm_writev=311, request_key=249, kexec_file_load=320),
- "aarch64": dict(ptrace=117, process_vm_readv=270, keyctl=219, add_key=217, mount=40, umount2=39, pivot_root=41,
-   unshare=97, setns=268, kexec_load=104, bpf=280, perf_event_open=241, userfaultfd=282, personality=92,
-   io_uring_setup=425, open_by_handle_at=265, init_module=105, reboot=142, syslog=116, clone3=435,
-   process_vm_writev=271, request_key=218, kexec_file_load=294),
+ "x86_64": dict(ptrace=101, process_vm_readv=310, process_vm_writev=311, keyctl=250, add_key=248,
+   request_key=249, mount=165, umount2=166, pivot_root=155, unshare=272, clone_newuser=56, setns=308,
+   kexec_load=246, kexec_file_load=320, bpf=321, perf_event_open=298, userfaultfd=323, personality=135,
+   io_uring_setup=425, open_by_handle_at=304, init_module=175, reboot=169, syslog=103, clone3=435),
+ "aarch64": dict(ptrace=117, process_vm_readv=270, process_vm_writev=271, keyctl=219, add_key=217,
+   request_key=218, mount=40, umount2=39, pivot_root=41, unshare=97, clone_newuser=220, setns=268,
+   kexec_load=104, kexec_file_load=294, bpf=280, perf_event_open=241, userfaultfd=282, personality=92,
+   io_uring_setup=425, open_by_handle_at=265, init_module=105, reboot=142, syslog=116, clone3=435),
 }[platform.machine()]
-args = dict(unshare=[0x10000000], personality=[0x0040000], ptrace=[0, 0, 0, 0])
-for name, n in nr.items():
+args = dict(ptrace=[0, 0, 0, 0], unshare=[0x10000000], clone_newuser=[0x10000011, 0, 0, 0, 0],
+            mount=[1, 1, 1, 0, 0], umount2=[0, 0xffff], bpf=[9999, 0, 0], userfaultfd=[1],
+            personality=[0x0040000], open_by_handle_at=[-1, 1, 0])
+
+def in_child(probe):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            e = probe()
+        except OSError as err:
+            e = err.errno
+        os.write(w, str(e).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    return int(os.read(r, 16))
+
+def syscall(n, a):
     ctypes.set_errno(0)
-    r = libc.syscall(n, *[ctypes.c_long(a) for a in args.get(name, [0, 0, 0, 0, 0])])
-    print(name, 0 if r >= 0 else ctypes.get_errno())
-master, slave = pty.openpty()
-try:
-    fcntl.ioctl(slave, termios.TIOCSTI, b"x"); print("TIOCSTI 0")
-except OSError as e:
-    print("TIOCSTI", e.errno)
-try:
-    fcntl.ioctl(slave, 0x541C, b"\x00"); print("TIOCLINUX 0")
-except OSError as e:
-    print("TIOCLINUX", e.errno)
-import threading
+    ret = libc.syscall(n, *[ctypes.c_long(x) for x in a])
+    if ret == 0 and n == nr["clone_newuser"]:
+        os._exit(0)
+    return 0 if ret >= 0 else ctypes.get_errno()
+
+def tty_ioctl(request, arg):
+    master, tty = pty.openpty()
+    os.setsid()
+    fcntl.ioctl(tty, termios.TIOCSCTTY, 0)
+    fcntl.ioctl(tty, request, arg)
+    return 0
+
+for name, n in nr.items():
+    print(name, in_child(lambda: syscall(n, args.get(name, [0, 0, 0, 0, 0]))))
+print("TIOCSTI", in_child(lambda: tty_ioctl(termios.TIOCSTI, b"x")))
+print("TIOCLINUX", in_child(lambda: tty_ioctl(0x541C, b"\x00")))
 t = threading.Thread(target=lambda: None); t.start(); t.join(); print("threads ok")
 "#;
+
+/// Every name `seccomp_allow` accepts that the probe exercises.
+const PROBED: &[&str] = &[
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "unshare",
+    "setns",
+    "kexec_load",
+    "kexec_file_load",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "personality",
+    "io_uring_setup",
+    "open_by_handle_at",
+    "init_module",
+    "reboot",
+    "syslog",
+    "ioctl",
+    "clone",
+];
+
+/// Calls for which the kernel, without the filter, answers something other
+/// than the filter's refusal on any Linux this runs on: argument checks come
+/// before capability checks, or the call is open to unprivileged processes.
+/// (pivot_root, reboot and syslog get EPERM from the kernel itself in a
+/// sandbox without capabilities; whether bpf, io_uring, kexec and the others
+/// do depends on the kernel's build and settings.)
+const TOLD_APART: &[&str] = &[
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "mount",
+    "umount2",
+    "unshare",
+    "clone_newuser",
+    "setns",
+    "perf_event_open",
+    "userfaultfd",
+    "personality",
+    "clone3",
+    "TIOCSTI",
+    "TIOCLINUX",
+];
 
 fn probe_results(stdout: &str) -> std::collections::BTreeMap<String, i32> {
     stdout
@@ -183,34 +263,63 @@ fn probe_results(stdout: &str) -> std::collections::BTreeMap<String, i32> {
         .collect()
 }
 
+/// The probe's results in `e`, which must run it to the end.
+async fn probe(
+    e: &nix_sandbox_mcp::environment::Environment,
+) -> std::collections::BTreeMap<String, i32> {
+    let o = run(e, SYSCALL_PROBE).await;
+    assert!(
+        o.succeeded() && o.stdout.text.ends_with("threads ok\n"),
+        "{o:?}"
+    );
+    let r = probe_results(&o.stdout.text);
+    assert_eq!(r.len(), 26, "{}", o.stdout.text);
+    r
+}
+
+fn unfiltered() -> nix_sandbox_mcp::environment::Environment {
+    env_with("python", |e| {
+        e.seccomp_allow = PROBED.iter().map(|s| s.to_string()).collect()
+    })
+}
+
 #[tokio::test]
 async fn seccomp_blocks_dangerous_syscalls_but_threads_work() {
-    let o = run(&env("python"), SYSCALL_PROBE).await;
-    assert!(o.succeeded(), "{o:?}");
-    assert!(o.stdout.text.contains("threads ok"));
-    let r = probe_results(&o.stdout.text);
-    for (name, errno) in &r {
+    let filtered = probe(&env("python")).await;
+    for (name, errno) in &filtered {
         let expected = if name == "clone3" {
             libc::ENOSYS
         } else {
             libc::EPERM
         };
-        assert_eq!(*errno, expected, "{name}: {}", o.stdout.text);
+        assert_eq!(*errno, expected, "{name}: {filtered:?}");
     }
-    assert!(r.len() >= 25, "{r:?}");
+    // The control: with every call allowed, the kernel answers these
+    // otherwise, so the refusals above are the filter's.
+    let kernel = probe(&unfiltered()).await;
+    for name in TOLD_APART {
+        assert_ne!(
+            kernel[*name], filtered[*name],
+            "{name}: the kernel alone gives the same answer\nfiltered: {filtered:?}\nkernel: {kernel:?}"
+        );
+    }
 }
 
 #[tokio::test]
 async fn seccomp_allow_relaxes_only_what_is_named() {
-    let e = env_with("python", |e| {
+    let relaxed = probe(&env_with("python", |e| {
         e.seccomp_allow = vec!["ptrace".into(), "personality".into()]
-    });
-    let o = run(&e, SYSCALL_PROBE).await;
-    let r = probe_results(&o.stdout.text);
-    assert_eq!(r["ptrace"], 0, "{}", o.stdout.text);
-    assert_eq!(r["personality"], 0);
-    assert_eq!(r["unshare"], libc::EPERM);
-    assert_eq!(r["TIOCSTI"], libc::EPERM);
+    }))
+    .await;
+    let kernel = probe(&unfiltered()).await;
+    assert_eq!(relaxed["ptrace"], 0, "{relaxed:?}");
+    assert_eq!(relaxed["personality"], 0, "{relaxed:?}");
+    for name in TOLD_APART {
+        if !["ptrace", "personality", "clone3"].contains(name) {
+            assert_eq!(relaxed[*name], libc::EPERM, "{name}: {relaxed:?}");
+            assert_ne!(kernel[*name], libc::EPERM, "{name}: {kernel:?}");
+        }
+    }
 }
 
 #[tokio::test]
@@ -243,46 +352,56 @@ async fn a_full_executor_answers_busy_at_once_and_queues_within_bounds() {
     config.server.max_concurrent_runs = Some(Positive(1));
     config.server.max_queued_runs = Some(1);
     let executor = app::executor_for(&config, true).unwrap();
-    let slow = env_with("bash", |_| {});
-    let request = |code: &'static str| Request {
-        env: &slow,
-        code: code.as_bytes(),
-        project: None,
-        inherited: &[],
-        cancel: CancellationToken::new(),
-        observer: None,
+    let bash = env("bash");
+    let m = marker();
+    let hold = CancellationToken::new();
+    let request = |code: String, cancel: CancellationToken| {
+        let code = code.into_bytes();
+        let env = bash.clone();
+        let executor = &executor;
+        async move {
+            executor
+                .run(Request {
+                    env: &env,
+                    code: &code,
+                    project: None,
+                    inherited: &[],
+                    cancel,
+                    observer: None,
+                })
+                .await
+        }
     };
-    let first = executor.run(request("sleep 1; echo first"));
-    let second = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        executor.run(request("echo second")).await
-    };
-    let third = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let t = Instant::now();
-        let r = executor.run(request("echo third")).await;
-        (r, t.elapsed())
-    };
-    let (a, b, (c, c_wait)) = tokio::join!(first, second, third);
-    assert_eq!(a.unwrap().stdout.text, "first\n");
+    // The first call holds the only slot until it is cancelled.
+    let mut first = std::pin::pin!(request(format!("sleep {m}"), hold.clone()));
+    tokio::select! {
+        o = &mut first => panic!("the first call ended: {o:?}"),
+        _ = tokio::time::sleep(Duration::from_secs(30)) => panic!("the first call never started"),
+        _ = async {
+            while processes_with(&m).is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        } => {}
+    }
+    // The second waits in the queue; the third finds the queue full and is
+    // answered on its first poll, without waiting for anything.
+    let mut second = std::pin::pin!(request("echo second".into(), CancellationToken::new()));
+    assert!(futures::poll!(second.as_mut()).is_pending());
+    let mut third = std::pin::pin!(request("echo third".into(), CancellationToken::new()));
+    match futures::poll!(third.as_mut()) {
+        std::task::Poll::Ready(Err(ExecError::Busy {
+            running: 1,
+            queued: 1,
+        })) => {}
+        other => panic!("expected busy at once, got {other:?}"),
+    }
+    hold.cancel();
+    let (a, b) = tokio::join!(first, second);
+    assert!(a.unwrap().cancelled);
     assert_eq!(
         b.unwrap().stdout.text,
         "second\n",
         "the queued call runs once a slot frees"
-    );
-    assert!(
-        matches!(
-            c,
-            Err(ExecError::Busy {
-                running: 1,
-                queued: 1
-            })
-        ),
-        "{c:?}"
-    );
-    assert!(
-        c_wait < Duration::from_millis(100),
-        "busy must be immediate: {c_wait:?}"
     );
     executor.enforcer().cleanup();
 }
@@ -292,8 +411,11 @@ async fn cancelling_kills_the_sandbox_promptly() {
     let m = marker();
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();
+    let watched = m.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        while processes_with(&watched).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         trigger.cancel();
     });
     let t = Instant::now();
@@ -304,11 +426,9 @@ async fn cancelling_kills_the_sandbox_promptly() {
     )
     .await;
     assert!(o.cancelled, "{o:?}");
-    assert!(
-        t.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        t.elapsed()
-    );
+    // Far below the program's own 30 s; the latency itself is measured by
+    // bench/latency.py.
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
     assert!(processes_with(&m).is_empty());
 }
 

@@ -4,9 +4,11 @@
 
 mod common;
 
+use std::io::Read;
+use std::net::{IpAddr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::{env, env_with, fixture, marker, processes_with, run};
+use common::{env, env_with, fixture, left_after, marker, note, processes_with, run};
 use nix_sandbox_mcp::exec::LimitKind;
 
 #[tokio::test]
@@ -114,34 +116,172 @@ ls /project/etc-link/ | head -3
     );
 }
 
+/// A TCP listener and a UDP socket on each of this machine's own addresses
+/// (loopback and every interface): what a sandbox with a network would reach.
+/// Tests aim at nothing else.
+struct HostListeners {
+    token: String,
+    targets: Vec<(IpAddr, TcpListener, UdpSocket)>,
+}
+
+impl HostListeners {
+    fn new() -> HostListeners {
+        let targets = local_addresses()
+            .into_iter()
+            .map(|ip| {
+                let tcp = TcpListener::bind((ip, 0)).unwrap();
+                let udp = UdpSocket::bind((ip, 0)).unwrap();
+                tcp.set_nonblocking(true).unwrap();
+                udp.set_nonblocking(true).unwrap();
+                (ip, tcp, udp)
+            })
+            .collect();
+        HostListeners {
+            token: format!("nsm-probe-{}", marker()),
+            targets,
+        }
+    }
+
+    /// Python that connects to every listener and sends the token over TCP
+    /// and UDP, printing `tcp <address> connected` or `tcp <address> failed <errno>`.
+    fn probe(&self) -> String {
+        let targets: Vec<String> = self
+            .targets
+            .iter()
+            .map(|(ip, tcp, udp)| {
+                let family = if ip.is_ipv4() { "AF_INET" } else { "AF_INET6" };
+                format!(
+                    "(socket.{family}, {:?}, {}, {})",
+                    ip.to_string(),
+                    tcp.local_addr().unwrap().port(),
+                    udp.local_addr().unwrap().port()
+                )
+            })
+            .collect();
+        format!(
+            r#"
+import socket
+token = b"{token}"
+for family, host, tcp, udp in [{targets}]:
+    c = socket.socket(family, socket.SOCK_STREAM)
+    c.settimeout(3)
+    try:
+        c.connect((host, tcp)); c.sendall(token); print("tcp", host, "connected")
+    except OSError as e:
+        print("tcp", host, "failed", e.errno)
+    c.close()
+    u = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        u.sendto(token, (host, udp)); print("udp", host, "sent")
+    except OSError as e:
+        print("udp", host, "failed", e.errno)
+"#,
+            token = self.token,
+            targets = targets.join(", ")
+        )
+    }
+
+    /// Every connection and datagram the listeners got, as `tcp <address>
+    /// <what was sent>` and `udp <address> <what was sent>`, sorted.
+    fn reached(&self) -> Vec<String> {
+        let mut seen = Vec::new();
+        for (ip, tcp, udp) in &self.targets {
+            while let Ok((mut conn, _)) = tcp.accept() {
+                conn.set_nonblocking(false).unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut data = Vec::new();
+                let _ = conn.read_to_end(&mut data);
+                seen.push(format!("tcp {ip} {}", String::from_utf8_lossy(&data)));
+            }
+            let mut buf = [0u8; 512];
+            while let Ok((n, _)) = udp.recv_from(&mut buf) {
+                seen.push(format!("udp {ip} {}", String::from_utf8_lossy(&buf[..n])));
+            }
+        }
+        seen.sort();
+        seen
+    }
+}
+
+/// This machine's own addresses, from the kernel's tables: IPv4 from
+/// /proc/net/fib_trie (`/32 host LOCAL` entries), IPv6 from /proc/net/if_inet6
+/// (global and host scope, usable ones only; a link-local address needs an
+/// interface to aim at).
+fn local_addresses() -> Vec<IpAddr> {
+    let mut found: Vec<IpAddr> = Vec::new();
+    let trie = std::fs::read_to_string("/proc/net/fib_trie").unwrap();
+    let mut last: Option<IpAddr> = None;
+    for line in trie.lines().map(str::trim) {
+        if let Some(a) = line.strip_prefix("|-- ") {
+            last = a.parse().ok();
+        } else if line == "/32 host LOCAL"
+            && let Some(ip) = last
+            && !found.contains(&ip)
+        {
+            found.push(ip);
+        }
+    }
+    for line in std::fs::read_to_string("/proc/net/if_inet6")
+        .unwrap_or_default()
+        .lines()
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (Some(hex), Some(scope), Some(flags)) = (f.first(), f.get(3), f.get(4)) else {
+            continue;
+        };
+        let scope = u8::from_str_radix(scope, 16).unwrap_or(0xff);
+        let flags = u8::from_str_radix(flags, 16).unwrap_or(0xff);
+        // 0x00 global, 0x10 host; flags 0x40 tentative, 0x08 failed duplicate detection.
+        if (scope == 0x00 || scope == 0x10)
+            && flags & 0x48 == 0
+            && let Ok(bits) = u128::from_str_radix(hex, 16)
+        {
+            found.push(IpAddr::V6(bits.into()));
+        }
+    }
+    assert!(
+        found.contains(&IpAddr::from([127, 0, 0, 1])),
+        "no loopback in {found:?}"
+    );
+    if found.iter().all(|ip| ip.is_loopback()) {
+        note("this machine has no address besides loopback; only loopback is probed");
+    }
+    found
+}
+
 #[tokio::test]
 async fn network_is_unreachable_including_host_loopback() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let code = format!(
-        r#"
-import socket
-for host, port in [("127.0.0.1", {port}), ("1.1.1.1", 80), ("8.8.8.8", 53)]:
-    s = socket.socket(); s.settimeout(2)
-    try:
-        s.connect((host, port)); print("CONNECTED", host)
-    except OSError as e:
-        print("refused", host)
-try:
-    socket.getaddrinfo("example.com", 80); print("RESOLVED")
-except OSError:
-    print("no dns")
-"#
+    let closed = HostListeners::new();
+    let o = run(&env("python"), &closed.probe()).await;
+    assert!(o.succeeded(), "{o:?}");
+    let tcp: Vec<&str> = o
+        .stdout
+        .text
+        .lines()
+        .filter(|l| l.starts_with("tcp "))
+        .collect();
+    assert_eq!(tcp.len(), closed.targets.len(), "{o:?}");
+    for line in tcp {
+        assert!(line.contains(" failed "), "{line}\n{}", o.stdout.text);
+    }
+    assert_eq!(
+        closed.reached(),
+        Vec::<String>::new(),
+        "the host saw traffic"
     );
-    let o = run(&env("python"), &code).await;
-    assert!(!o.stdout.text.contains("CONNECTED"), "{}", o.stdout.text);
-    assert!(!o.stdout.text.contains("RESOLVED"), "{}", o.stdout.text);
-    assert_eq!(o.stdout.text.matches("refused").count(), 3, "{o:?}");
-    listener.set_nonblocking(true).unwrap();
-    assert!(
-        listener.accept().is_err(),
-        "the host listener saw a connection"
-    );
+
+    // The control: the same probe with the network on reaches every listener,
+    // so the probe can tell an open network from a closed one.
+    let open = HostListeners::new();
+    let o = run(&env_with("python", |e| e.network = true), &open.probe()).await;
+    assert!(o.succeeded() && !o.stdout.text.contains("failed"), "{o:?}");
+    let mut expected: Vec<String> = open
+        .targets
+        .iter()
+        .flat_map(|(ip, _, _)| ["tcp", "udp"].map(|p| format!("{p} {ip} {}", open.token)))
+        .collect();
+    expected.sort();
+    assert_eq!(open.reached(), expected);
 }
 
 #[tokio::test]
@@ -176,12 +316,8 @@ async fn background_processes_die_when_the_program_exits() {
     )
     .await;
     assert!(o.succeeded());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        processes_with(&m).is_empty(),
-        "left behind: {:?}",
-        processes_with(&m)
-    );
+    let left = left_after(&m, 5).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 #[tokio::test]

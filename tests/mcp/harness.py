@@ -5,12 +5,17 @@ independent; helpers cover the common shapes of a call."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ipaddress
 import json
 import os
 import pathlib
 import select
+import socket
 import subprocess
 import tempfile
+import uuid
+import warnings
 from typing import Any, AsyncIterator
 
 import anyio
@@ -81,8 +86,29 @@ async def call(s: ClientSession, env: str, code: str, **extra: Any) -> tuple[dic
     return res.structured_content or {}, text, bool(res.is_error)
 
 
-def processes_with(marker: str) -> list[str]:
-    """Host processes whose command line contains `marker`."""
+# Orphans of the servers the tests start (and of their sandboxes) are
+# reparented to this process rather than to init, so that a sandbox left
+# behind is still known to be ours: other test runs on the machine have
+# sandboxes of their own.
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def descends_from_us(pid: str) -> bool:
+    me = os.getpid()
+    while pid not in ("0", "1"):
+        try:
+            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = stat.rsplit(")", 1)[1].split()[1]
+        if pid == str(me):
+            return True
+    return False
+
+
+def processes_with(marker: str, ours: bool = False) -> list[str]:
+    """Host processes whose command line contains `marker`; with `ours`, only
+    those descending from this test process."""
     found = []
     me = str(os.getpid())
     for p in pathlib.Path("/proc").iterdir():
@@ -92,7 +118,7 @@ def processes_with(marker: str) -> list[str]:
             cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in cmd:
+        if marker in cmd and (not ours or descends_from_us(p.name)):
             found.append(f"{p.name}: {cmd}")
     return found
 
@@ -149,3 +175,105 @@ class RawServer:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def local_addresses() -> list[tuple[socket.AddressFamily, str]]:
+    """This machine's own addresses, from the kernel's tables: IPv4 from
+    /proc/net/fib_trie (`/32 host LOCAL` entries), IPv6 from /proc/net/if_inet6
+    (global and host scope, usable ones; a link-local address needs an
+    interface to aim at). The only addresses a network test may aim at."""
+    v4: list[str] = []
+    last = None
+    for line in pathlib.Path("/proc/net/fib_trie").read_text().splitlines():
+        line = line.strip()
+        if line.startswith("|-- "):
+            last = line[4:]
+        elif line == "/32 host LOCAL" and last and last not in v4:
+            v4.append(last)
+    v6: list[str] = []
+    inet6 = pathlib.Path("/proc/net/if_inet6")
+    for line in inet6.read_text().splitlines() if inet6.exists() else []:
+        hexaddr, _, _, scope, flags, _ = line.split()
+        # scope 0x00 global, 0x10 host; flags 0x40 tentative, 0x08 failed duplicate detection
+        if int(scope, 16) in (0x00, 0x10) and int(flags, 16) & 0x48 == 0:
+            v6.append(str(ipaddress.IPv6Address(bytes.fromhex(hexaddr))))
+    assert "127.0.0.1" in v4, v4
+    if all(ipaddress.ip_address(a).is_loopback for a in v4 + v6):
+        warnings.warn("this machine has no address besides loopback; only loopback is probed")
+    return [(socket.AF_INET, a) for a in v4] + [(socket.AF_INET6, a) for a in v6]
+
+
+class HostListeners:
+    """A TCP listener and a UDP socket on each of this machine's own addresses
+    (loopback and every interface): what a sandbox with a network would reach.
+    `reached()` says what arrived."""
+
+    def __init__(self) -> None:
+        self.token = f"nsm-probe-{uuid.uuid4().hex[:12]}"
+        self.targets: list[tuple[socket.AddressFamily, str, socket.socket, socket.socket]] = []
+        for family, host in local_addresses():
+            tcp = socket.socket(family, socket.SOCK_STREAM)
+            tcp.bind((host, 0))
+            tcp.listen(16)
+            tcp.setblocking(False)
+            udp = socket.socket(family, socket.SOCK_DGRAM)
+            udp.bind((host, 0))
+            udp.setblocking(False)
+            self.targets.append((family, host, tcp, udp))
+
+    def ports(self) -> list[tuple[int, str, int, int]]:
+        """(family number, address, TCP port, UDP port) for each listener pair."""
+        return [(int(f), h, t.getsockname()[1], u.getsockname()[1]) for f, h, t, u in self.targets]
+
+    def python_probe(self) -> str:
+        """Connects to every listener and sends the token over TCP and UDP;
+        prints `tcp <address> connected` or `tcp <address> failed <errno>`."""
+        return (
+            "import socket\n"
+            f"token = {self.token.encode()!r}\n"
+            f"for family, host, tcp, udp in {self.ports()!r}:\n"
+            "    c = socket.socket(family, socket.SOCK_STREAM); c.settimeout(3)\n"
+            "    try:\n"
+            "        c.connect((host, tcp)); c.sendall(token); print('tcp', host, 'connected')\n"
+            "    except OSError as e:\n"
+            "        print('tcp', host, 'failed', e.errno)\n"
+            "    c.close()\n"
+            "    u = socket.socket(family, socket.SOCK_DGRAM)\n"
+            "    try:\n"
+            "        u.sendto(token, (host, udp)); print('udp', host, 'sent')\n"
+            "    except OSError as e:\n"
+            "        print('udp', host, 'failed', e.errno)\n"
+        )
+
+    def expected(self) -> list[str]:
+        """What `reached()` says when every probe got through."""
+        return sorted(f"{proto} {host} {self.token}" for _, host, _, _ in self.targets for proto in ("tcp", "udp"))
+
+    def reached(self) -> list[str]:
+        """Every connection and datagram the listeners got, as `tcp <address>
+        <what was sent>` and `udp <address> <what was sent>`, sorted."""
+        seen = []
+        for _, host, tcp, udp in self.targets:
+            while True:
+                try:
+                    conn, _ = tcp.accept()
+                except BlockingIOError:
+                    break
+                conn.settimeout(5)
+                data = b""
+                with conn:
+                    while chunk := conn.recv(4096):
+                        data += chunk
+                seen.append(f"tcp {host} {data.decode(errors='replace')}")
+            while True:
+                try:
+                    data, _ = udp.recvfrom(4096)
+                except BlockingIOError:
+                    break
+                seen.append(f"udp {host} {data.decode(errors='replace')}")
+        return sorted(seen)
+
+    def close(self) -> None:
+        for _, _, tcp, udp in self.targets:
+            tcp.close()
+            udp.close()

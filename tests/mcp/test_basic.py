@@ -5,12 +5,14 @@ against Nix-built artifacts."""
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import time
 import uuid
 
 import pytest
 
-from harness import MODE, call, dump, fixture_project, processes_with, run_async, session, write_config
+from harness import MODE, HostListeners, call, dump, fixture_project, processes_with, run_async, session, write_config
 
 ENVS = ("bash", "node", "python")
 
@@ -176,20 +178,27 @@ def test_project_is_readable_and_not_writable():
 
 
 def test_network_is_unreachable():
+    """A probe that reaches listeners on every address of this machine when the
+    network is on (the control: it can tell open from closed) reaches none
+    from an environment without network."""
+    config = write_config('[environments.python]\npreset = "python"\n[environments.netpython]\npreset = "python"\nnetwork = true\n')
+    closed, opened = HostListeners(), HostListeners()
+
     async def t():
-        async with session() as s:
-            code = (
-                "import socket\n"
-                "for addr in [('1.1.1.1', 80), ('8.8.8.8', 53)]:\n"
-                "    s = socket.socket(); s.settimeout(3)\n"
-                "    try:\n"
-                "        s.connect(addr); print('CONNECTED')\n"
-                "    except OSError as e:\n"
-                "        print('unreachable')\n"
-            )
-            sc, _, _ = await call(s, "python", code)
-            assert sc["stdout"] == "unreachable\nunreachable\n", dump(sc)
-    run_async(t)
+        async with session(config=config) as s:
+            sc, _, err = await call(s, "python", closed.python_probe())
+            tcp = [l for l in sc["stdout"].splitlines() if l.startswith("tcp ")]
+            assert not err and len(tcp) == len(closed.targets), dump(sc)
+            assert all(" failed " in l for l in tcp), dump(sc)
+            sc, _, err = await call(s, "netpython", opened.python_probe())
+            assert not err and "failed" not in sc["stdout"], dump(sc)
+    try:
+        run_async(t)
+        assert closed.reached() == [], "the host saw traffic from a sandbox without network"
+        assert opened.reached() == opened.expected()
+    finally:
+        closed.close()
+        opened.close()
 
 
 def test_output_flood_returns_capped_head_and_tail_with_marker():
@@ -214,10 +223,40 @@ def test_filesystem_view_matches_the_mode():
             usr, count = sc["stdout"].splitlines()[-2:]
             assert "/home" not in sc["stdout"] and "/root" not in sc["stdout"], dump(sc)
             if MODE == "closure":
-                # Only the closure: /usr holds nothing but the /usr/bin/env link.
+                # Only the closure: /usr holds nothing but the /usr/bin/env link,
+                # and the store holds exactly the paths the manifest lists.
                 assert (usr, count) == ("bin ", "1"), dump(sc)
-                sc, _, _ = await call(s, "bash", "ls /usr/bin; ls /nix/store | wc -l; ls /nix/store/*/ -d | head -50")
-                assert sc["stdout"].startswith("env\n"), dump(sc)
+                sc, _, _ = await call(s, "bash", "ls /usr/bin")
+                assert sc["stdout"] == "env\n", dump(sc)
+                for env, code in STORE_LISTING.items():
+                    closure = artifact_closure(env)
+                    store = {os.path.dirname(p) for p in closure}
+                    assert len(store) == 1, closure
+                    sc, _, err = await call(s, env, code.replace("STORE", store.pop()))
+                    assert not err, dump(sc)
+                    assert sorted(sc["stdout"].split()) == sorted(os.path.basename(p) for p in closure), (env, dump(sc))
             else:
                 assert "lib" in usr and int(count) > 50, dump(sc)
     run_async(t)
+
+
+# Each environment lists its store directory with its own interpreter.
+STORE_LISTING = {
+    "bash": "ls -A STORE",
+    "python": "import os\nprint('\\n'.join(os.listdir('STORE')))",
+    "node": "console.log(require('fs').readdirSync('STORE').join('\\n'))",
+}
+
+
+def artifact_closure(env: str) -> list[str]:
+    """The closure in the manifest of the artifact named `env` that the server
+    loads from NIX_SANDBOX_DIR (a later directory's artifact replaces an
+    earlier one's)."""
+    closure = None
+    for d in os.environ["NIX_SANDBOX_DIR"].split(":"):
+        for manifest in sorted(pathlib.Path(d).glob("*/manifest.json")) if d else []:
+            m = json.loads(manifest.read_text())
+            if m["name"] == env:
+                closure = m["closure"]
+    assert closure, f"no artifact {env} in NIX_SANDBOX_DIR"
+    return closure

@@ -5,13 +5,14 @@ Nothing may be left running afterwards."""
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 
 import anyio
 import pytest
 
-from harness import call, dump, processes_with, run_async, session, write_config
+from harness import call, dump, processes_with, readable_tmpdir, run_async, session, write_config
 
 
 def marker() -> str:
@@ -38,9 +39,17 @@ def test_progress_arrives_during_a_five_second_run():
     assert any("stdout" in m and "last: step" in m for m in messages), messages
 
 
+async def gone_within(m: str, seconds: float = 5) -> None:
+    deadline = time.monotonic() + seconds
+    while processes_with(m) and time.monotonic() < deadline:
+        await anyio.sleep(0.02)
+    assert processes_with(m) == [], processes_with(m)
+
+
 def test_cancelling_a_call_kills_its_sandbox_promptly():
+    """Cancelled, the run's processes (a detached one too) are gone within
+    seconds; bench/latency.py measures how fast."""
     m = marker()
-    timings: list[float] = []
 
     async def t():
         async with session() as s:
@@ -50,30 +59,31 @@ def test_cancelling_a_call_kills_its_sandbox_promptly():
                 while not processes_with(m) and time.monotonic() < deadline:
                     await anyio.sleep(0.02)
                 assert processes_with(m), "the run never started"
-                t0 = time.monotonic()
                 tg.cancel_scope.cancel()
-            while processes_with(m) and time.monotonic() - t0 < 5:
-                await anyio.sleep(0.005)
-            timings.append(time.monotonic() - t0)
-            assert processes_with(m) == []
+            await gone_within(m)
             sc, _, err = await call(s, "bash", "echo still serving")
             assert not err and sc["stdout"] == "still serving\n"
     run_async(t)
-    print(f"cancel to last process gone: {timings[0] * 1000:.0f} ms (target 100 ms)")
-    assert timings[0] < 1.0, timings
 
 
 def test_a_client_read_timeout_cancels_the_run():
     m = marker()
+    seen_running: list[bool] = []
 
     async def t():
         async with session() as s:
-            with pytest.raises(Exception):
-                await s.call_tool("run", {"env": "bash", "code": f"sleep {m}"}, read_timeout_seconds=1)
-            deadline = time.monotonic() + 3
-            while processes_with(m) and time.monotonic() < deadline:
-                await anyio.sleep(0.01)
-            assert processes_with(m) == []
+            async def watch() -> None:
+                while not processes_with(m):
+                    await anyio.sleep(0.02)
+                seen_running.append(True)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                with pytest.raises(Exception):
+                    await s.call_tool("run", {"env": "bash", "code": f"sleep {m}"}, read_timeout_seconds=3)
+                tg.cancel_scope.cancel()
+            assert seen_running, "the run was never seen on the host before the read timeout"
+            await gone_within(m)
     run_async(t)
 
 
@@ -82,11 +92,13 @@ def job(s, **args):
 
 
 def test_a_background_job_from_start_to_finish():
+    project = readable_tmpdir()
+
     async def t():
-        async with session() as s:
-            t0 = time.monotonic()
-            sc, text, err = await call(s, "bash", "echo first; sleep 2; echo second >&2; echo third; exit 3", background=True)
-            assert time.monotonic() - t0 < 1.5, "background returns at once"
+        async with session(project=str(project)) as s:
+            # The job waits for a file the test creates: the call returns while it runs.
+            code = "echo first; while [ ! -e /project/release ]; do sleep 0.05; done; echo second >&2; echo third; exit 3"
+            sc, text, err = await call(s, "bash", code, background=True)
             assert not err and sc["ok"] and sc["job"] == "job-1" and sc["state"] in ("queued", "running"), dump(sc)
             assert 'job(id="job-1"' in text
 
@@ -98,6 +110,7 @@ def test_a_background_job_from_start_to_finish():
                 seen += r["stdout"]
             assert r["state"] == "running" and seen == "first\n" and r["stdout_offset"] == 6, dump(r)
 
+            (project / "release").touch()
             r = await job(s, id="job-1", wait_seconds=10)
             sc = r.structured_content
             assert sc["state"] == "finished" and sc["exit_code"] == 3, dump(sc)
@@ -109,7 +122,10 @@ def test_a_background_job_from_start_to_finish():
 
             listing = (await job(s)).structured_content
             assert [(j["job"], j["state"], j.get("exit_code")) for j in listing["jobs"]] == [("job-1", "finished", 3)]
-    run_async(t)
+    try:
+        run_async(t)
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
 
 
 def test_a_job_can_be_killed_and_leaves_nothing():
@@ -119,8 +135,9 @@ def test_a_job_can_be_killed_and_leaves_nothing():
         async with session() as s:
             sc, _, _ = await call(s, "bash", f"setsid sleep {m}.1 & sleep {m}", background=True)
             deadline = time.monotonic() + 5
-            while not processes_with(m) and time.monotonic() < deadline:
+            while len(processes_with(m)) < 2 and time.monotonic() < deadline:
                 await anyio.sleep(0.02)
+            assert len(processes_with(m)) == 2, f"the job is not running: {processes_with(m)}"
             r = await job(s, id=sc["job"], kill=True)
             assert r.structured_content["state"] == "finished", dump(r.structured_content)
             assert r.structured_content["error"]["code"] == "cancelled"

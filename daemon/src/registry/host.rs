@@ -395,10 +395,23 @@ mod tests {
 
     #[test]
     fn host_programs_are_found_at_absolute_paths() {
-        if let Ok((p, extra)) = find_program("sh") {
-            assert!(p.is_absolute());
-            assert!(extra.is_empty() || extra[0] == Path::new("/nix/store"));
+        // Every machine this runs on has a `sh` on PATH: a system one, or a
+        // Nix store one (in a Nix build), which brings the store as a bind.
+        let (p, extra) = find_program("sh").unwrap();
+        assert!(p.is_absolute() && p.is_file(), "{}", p.display());
+        let real = std::fs::canonicalize(&p).unwrap();
+        if real.starts_with("/nix/store") {
+            assert_eq!(extra, [Path::new("/nix/store")]);
+        } else {
+            assert!(
+                BOUND_PREFIXES.iter().any(|b| real.starts_with(b)),
+                "{}",
+                real.display()
+            );
+            assert!(extra.is_empty(), "{extra:?}");
         }
+        let missing = find_program("no-such-program-nsm").unwrap_err();
+        assert!(missing.contains("not found on PATH"), "{missing}");
     }
 
     #[test]

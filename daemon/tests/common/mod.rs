@@ -132,3 +132,21 @@ pub fn marker() -> String {
         1000 + N.fetch_add(1, Ordering::SeqCst)
     )
 }
+
+/// Prints `message` on the terminal even though the test harness captures
+/// test output (it captures only the print macros): for a test that skips
+/// part or all of what it checks, so the skip is seen.
+pub fn note(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "note: {message}");
+}
+
+/// Waits until no host process carries `marker`, for at most `seconds`; the
+/// processes still there then.
+pub async fn left_after(marker: &str, seconds: u64) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while !processes_with(marker).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    processes_with(marker)
+}
