@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::AuditLog;
 use crate::config::{self, Config, ProjectMode};
 use crate::environment::{Environment, InterpreterKind};
-use crate::exec::{Executor, Request};
+use crate::exec::{Executor, Queue, Request};
 use crate::jail::ProjectMount;
 use crate::jobs::JobLimits;
 use crate::limits::Enforcer;
@@ -352,14 +352,17 @@ impl Prober for ExecProber {
         Box::pin(async move {
             let o = self
                 .0
-                .run(Request {
-                    env,
-                    code: code.as_bytes(),
-                    project: None,
-                    inherited: &[],
-                    cancel: CancellationToken::new(),
-                    observer: None,
-                })
+                .run_queued(
+                    Request {
+                        env,
+                        code: code.as_bytes(),
+                        project: None,
+                        inherited: &[],
+                        cancel: CancellationToken::new(),
+                        observer: None,
+                    },
+                    Queue::Internal,
+                )
                 .await
                 .map_err(|e| e.to_string())?;
             if o.succeeded() {

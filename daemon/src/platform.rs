@@ -143,9 +143,14 @@ const ETC_NETWORK: &[&str] = &[
     "/etc/gai.conf",
     "/etc/services",
     "/etc/protocols",
-    "/etc/ssl",
+    // Certificates and the TLS configuration, never the private keys kept
+    // beside them (/etc/ssl/private, /etc/pki/tls/private).
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
     "/etc/ca-certificates",
-    "/etc/pki",
+    "/etc/pki/ca-trust",
+    "/etc/pki/tls/certs",
+    "/etc/pki/tls/openssl.cnf",
 ];
 
 /// System directories as they are on this host (merged /usr or not).
@@ -204,12 +209,15 @@ fn prepare_etc(runtime: &Path, layout: &HostLayout) -> std::io::Result<PathBuf> 
         fs::write(etc.join(name), text)?;
     }
     for host in layout.etc_host.iter().chain(&layout.etc_network) {
-        let Some(name) = host.file_name() else {
+        let Ok(inside) = host.strip_prefix("/etc") else {
             continue;
         };
-        let target = etc.join(name);
+        let target = etc.join(inside);
         if target.exists() {
             continue;
+        }
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent)?;
         }
         if host.is_dir() {
             fs::create_dir(&target)?;
@@ -217,13 +225,21 @@ fn prepare_etc(runtime: &Path, layout: &HostLayout) -> std::io::Result<PathBuf> 
             fs::write(&target, "")?;
         }
     }
-    for entry in fs::read_dir(&etc)? {
-        let entry = entry?;
-        let mode = if entry.path().is_dir() { 0o755 } else { 0o644 };
-        fs::set_permissions(entry.path(), fs::Permissions::from_mode(mode))?;
-    }
-    fs::set_permissions(&etc, fs::Permissions::from_mode(0o755))?;
+    set_modes(&etc)?;
     Ok(etc)
+}
+
+/// Makes the prepared /etc readable by the sandbox: directories 0755, files 0644.
+fn set_modes(dir: &Path) -> std::io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            set_modes(&path)?;
+        } else {
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
 }
 
 #[cfg(test)]
@@ -235,7 +251,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layout = HostLayout {
             etc_host: vec!["/etc/ld.so.cache".into()],
-            etc_network: vec!["/etc/ssl".into()],
+            etc_network: vec!["/etc/ssl/certs".into()],
             ..Default::default()
         };
         let etc = prepare_etc(dir.path(), &layout).unwrap();
@@ -243,8 +259,9 @@ mod tests {
         assert!(passwd.contains("sandbox:x:1000:1000:sandbox:/workspace:"));
         assert!(etc.join("hosts").is_file());
         assert!(etc.join("ld.so.cache").is_file());
-        if Path::new("/etc/ssl").is_dir() {
-            assert!(etc.join("ssl").is_dir());
+        if Path::new("/etc/ssl/certs").is_dir() {
+            assert!(etc.join("ssl/certs").is_dir());
+            assert!(!etc.join("ssl/private").exists());
         }
     }
 
@@ -288,7 +305,7 @@ mod tests {
             }
         }
         for p in l.etc_host.iter().chain(&l.etc_network) {
-            assert_eq!(p.parent(), Some(Path::new("/etc")), "{}", p.display());
+            assert!(p.starts_with("/etc"), "{}", p.display());
         }
     }
 
@@ -314,7 +331,6 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "product bug (issue 19): networked environments bind /etc/ssl whole, and with it /etc/ssl/private (0710 root:ssl-cert, TLS private keys), readable in the sandbox by a server user in group ssl-cert"]
     fn bound_etc_entries_hold_nothing_private() {
         let l = probe_layout();
         let mut found = Vec::new();

@@ -266,7 +266,6 @@ fn a_missing_interpreter_drops_its_environment_with_a_warning() {
 }
 
 #[test]
-#[ignore = "product bug (found under issue 19): the start-up check of each environment waits for a run slot like a call, so with max_concurrent_runs = 1 and max_queued_runs = 0 python and node are refused as busy and dropped"]
 fn a_small_run_queue_does_not_drop_environments_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(

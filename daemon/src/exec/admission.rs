@@ -18,6 +18,15 @@ pub(super) struct Admission {
     max_waiting: usize,
 }
 
+/// Whether a wait for a slot counts against the queue's bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queue {
+    /// A client's call: refused as busy when the queue is full.
+    Bounded,
+    /// The daemon's own work, which a client cannot multiply.
+    Internal,
+}
+
 /// Permission to run one call; dropping it frees the slot.
 pub type Slot = OwnedSemaphorePermit;
 
@@ -32,14 +41,19 @@ impl Admission {
     }
 
     /// Waits for a slot, or fails at once with `Busy` when too many calls
-    /// already wait, or with `CancelledWhileQueued`.
-    pub(super) async fn slot(&self, cancel: &CancellationToken) -> Result<Slot, ExecError> {
+    /// already wait, or with `CancelledWhileQueued`. The daemon's own work
+    /// (start-up checks of environments) waits whatever the queue holds.
+    pub(super) async fn slot(
+        &self,
+        cancel: &CancellationToken,
+        queue: Queue,
+    ) -> Result<Slot, ExecError> {
         if let Ok(p) = self.slots.clone().try_acquire_owned() {
             return Ok(p);
         }
         let waiting = self.waiting.fetch_add(1, Ordering::SeqCst);
         let _undo = Undo(&self.waiting);
-        if waiting >= self.max_waiting {
+        if queue == Queue::Bounded && waiting >= self.max_waiting {
             return Err(ExecError::Busy {
                 running: self.running,
                 queued: waiting,

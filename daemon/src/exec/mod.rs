@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
-pub use admission::Slot;
+pub use admission::{Queue, Slot};
 pub(crate) use outcome::attribute_limits;
 pub use outcome::{LimitKind, Outcome};
 pub use sandbox::Sandbox;
@@ -212,6 +212,11 @@ impl Executor {
 
     /// Runs one call to completion (or timeout, limit, cancellation).
     pub async fn run(&self, req: Request<'_>) -> Result<Outcome, ExecError> {
+        self.run_queued(req, Queue::Bounded).await
+    }
+
+    /// Like [`Executor::run`], waiting for a slot as `queue` says.
+    pub async fn run_queued(&self, req: Request<'_>, queue: Queue) -> Result<Outcome, ExecError> {
         let limits = req.env.limits;
         if req.code.len() as u64 > limits.file_size_bytes {
             return Err(ExecError::CodeTooLarge {
@@ -226,7 +231,7 @@ impl Executor {
             code_path: crate::jail::code_path(req.env),
             extra_args: Vec::new(),
         })?);
-        let _slot = self.slot(&req.cancel).await?;
+        let _slot = self.inner.admission.slot(&req.cancel, queue).await?;
         let start = Instant::now();
 
         let prepared = match self.inner.pool.take(&recipe.key) {
@@ -356,7 +361,7 @@ impl Executor {
     /// Waits for a run slot (see `max_concurrent_runs`), or fails at once
     /// with `Busy` when too many calls already wait.
     pub async fn slot(&self, cancel: &CancellationToken) -> Result<Slot, ExecError> {
-        self.inner.admission.slot(cancel).await
+        self.inner.admission.slot(cancel, Queue::Bounded).await
     }
 
     /// Waits (up to a few seconds) until no run is in flight, then stops the

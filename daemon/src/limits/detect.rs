@@ -115,11 +115,15 @@ fn remove_stale_containers(parent: &Path) {
             kill_pids_in(g);
         }
         for g in &groups {
+            // Busy while the killed processes finish exiting; any other
+            // error (a group of another user's daemon) will not go away.
             for _ in 0..100 {
-                if fs::remove_dir(g).is_ok() || !g.exists() {
-                    break;
+                match fs::remove_dir(g) {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => break,
                 }
-                std::thread::sleep(Duration::from_millis(10));
             }
         }
         let _ = fs::remove_dir(e.path());
