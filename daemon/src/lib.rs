@@ -24,3 +24,4 @@ pub mod registry;
 pub mod seccomp;
 pub mod server;
 pub mod sessions;
+pub mod systemd_scope;

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# VM tier: runs a command in the nsm-vm (a throwaway Debian 12 VM with systemd,
+# cgroup v2 and a logged-in user `dev`, see ../shared/vm/README.md) as dev and
+# as root, with the daemon and its examples freshly built into target/. The
+# repository is shared into the VM at the same path. Without the VM image it
+# prints SKIP and exits 0.
+# Usage: tests/vm/run-tier.sh [--user dev|root|both] [-- COMMAND...]
+#   COMMAND runs in the repository root inside the VM; the default is
+#   tests/vm/scope-checks.sh with the scope probe.
+# Environment: NSM_VM_DIR (image, default /var/cache/nsm-vm), NSM_VM_ACCEL
+# (tcg where /dev/kvm cannot boot the image), NSM_VM_TIMEOUT (s per boot, 900).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+run_vm=$root/../shared/vm/run.sh
+image=${NSM_VM_DIR:-/var/cache/nsm-vm}/disk.raw
+
+users=(dev root)
+while [ $# -gt 0 ]; do case $1 in
+  --user) case $2 in both) users=(dev root);; *) users=("$2");; esac; shift 2;;
+  --) shift; break;;
+  *) sed -n '7,11p' "$0" >&2; exit 2;;
+esac; done
+
+if [ ! -f "$image" ]; then
+  echo "SKIP vm tier: no VM image at $image (build it with ../shared/vm/build.sh)"
+  exit 0
+fi
+if [ ! -x "$run_vm" ]; then
+  echo "SKIP vm tier: no $run_vm"
+  exit 0
+fi
+
+cargo build --quiet --bin nix-sandbox-mcp --example scope_probe
+[ $# -gt 0 ] || set -- bash tests/vm/scope-checks.sh target/debug/examples/scope_probe
+
+failed=()
+for user in "${users[@]}"; do
+  printf '\n##### as %s: %s\n' "$user" "$*"
+  start=$SECONDS
+  rc=0
+  "$run_vm" --user "$user" --share "$root" --timeout "${NSM_VM_TIMEOUT:-900}" -- "$@" || rc=$?
+  printf '##### as %s: exit %s after %ss\n' "$user" "$rc" $((SECONDS - start))
+  [ "$rc" = 0 ] || failed+=("$user")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "vm tier: FAILED as ${failed[*]}"
+  exit 1
+fi
+echo "vm tier: passed as ${users[*]}"
