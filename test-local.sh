@@ -22,11 +22,28 @@ cargo test --quiet
 
 step "MCP client suite, host mode (official Python SDK over stdio)"
 venv=$root/.venv
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
+# The system's python, so that the non-root tier below can use the venv too
+# (an interpreter under root's home, such as pyenv's, is not reachable).
+python=/usr/bin/python3
+[ -x "$python" ] || python=$(command -v python3)
+if [ ! -x "$venv/bin/python" ] || ! grep -q "^home = $(dirname "$python")\$" "$venv/pyvenv.cfg"; then
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
 (cd tests/mcp && NSM_BIN=$bin NSM_MODE=host "$venv/bin/python" -m pytest)
+
+# Most users run the server as themselves, without a cgroup of their own:
+# limits then fall back to rlimits. Run the load, hostile and session suites
+# that way too (as root, in a throwaway user).
+if [ "$(id -u)" = 0 ]; then
+  step "MCP client suite as a non-root user (load, hostile code, sessions)"
+  user=nsm-tester
+  id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest test_load.py test_hostile.py test_sessions.py"
+else
+  step "non-root tier: this run already is one (uid $(id -u))"
+fi
 
 if command -v nix-build >/dev/null 2>&1; then
   step "Nix tier: pure evaluation tests of nix/lib"

@@ -114,11 +114,8 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
         error,
     })?;
     let enforcer = match std::env::var("NIX_SANDBOX_LIMITS").as_deref() {
-        Err(_) | Ok("") | Ok("auto") => Enforcer::detect(platform.sandbox_host_uid()),
-        Ok("rlimits") => Enforcer::rlimits_only(
-            platform.sandbox_host_uid(),
-            "cgroups turned off by NIX_SANDBOX_LIMITS=rlimits",
-        ),
+        Err(_) | Ok("") | Ok("auto") => Enforcer::detect(),
+        Ok("rlimits") => Enforcer::rlimits_only("cgroups turned off by NIX_SANDBOX_LIMITS=rlimits"),
         Ok(other) => {
             return Err(StartError::Config(config::ConfigError::Env {
                 name: "NIX_SANDBOX_LIMITS",

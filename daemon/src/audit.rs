@@ -72,6 +72,8 @@ impl AuditLog {
             v["duration_ms"] = json!(o.duration.as_millis() as u64);
             v["timed_out"] = json!(o.timed_out);
             v["limit"] = json!(o.limit.map(|l| l.as_str()));
+            v["cpu_ms"] = json!(o.usage.cpu.map(|c| c.as_millis() as u64));
+            v["peak_memory_bytes"] = json!(o.usage.peak_memory_bytes);
             v["stdout_bytes"] = json!(o.stdout.total_bytes);
             v["stderr_bytes"] = json!(o.stderr.total_bytes);
             if self.include_output {
@@ -125,6 +127,7 @@ mod tests {
             cancelled: false,
             limit: None,
             limits_reached: vec![],
+            usage: Default::default(),
         }
     }
 

@@ -132,6 +132,11 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.stdio);
+    // Processes a sandbox leaves behind come back to us, not to PID 1
+    // (which in a container may never reap them).
+    if let Err(e) = crate::exec::spawn::become_subreaper() {
+        tracing::warn!("cannot become the reaper of orphaned sandbox processes: {e}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -255,6 +260,13 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         sessions: sessions.clone(),
     });
     let reaper = tokio::spawn(sessions.clone().reap_forever());
+    let orphans = tokio::spawn(async {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            every.tick().await;
+            crate::exec::spawn::reap_orphans();
+        }
+    });
     let service = match server.serve(rmcp::transport::stdio_pipes()).await {
         Ok(s) => s,
         Err(e) => return fail(format!("MCP initialization failed: {e}")),
@@ -269,6 +281,7 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     tracing::info!("shutting down ({quit}); killing runs in flight");
     shutdown.cancel();
     reaper.abort();
+    orphans.abort();
     sessions.close_all().await;
     executor.shutdown().await;
     ExitCode::SUCCESS
@@ -413,6 +426,7 @@ async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             "environments": envs,
             "aliases": app.registry.aliases(),
             "limits_mechanism": app.executor.enforcer().mechanism().as_str(),
+            "cpu_quota": app.executor.enforcer().limits_cpu(),
             "limits_detail": mechanism,
             "project": app.project.as_ref().map(|p| serde_json::json!({"path": p.host_path, "mount_point": p.mount_point, "writable": p.writable})),
             "warnings": app.registry.warnings,

@@ -101,6 +101,8 @@ pub struct Limits {
     pub memory_bytes: u64,
     pub pids: u64,
     pub cpu_seconds: u64,
+    /// CPU cores the sandbox may use at once, in thousandths (a cgroup quota).
+    pub cpu_millis: u32,
     pub file_size_bytes: u64,
     pub open_files: u64,
     /// Size of each of the /workspace and /tmp filesystems.
@@ -115,12 +117,13 @@ const MIB: u64 = 1024 * 1024;
 
 impl Limits {
     pub const BUILT_IN: LimitSettings = {
-        use crate::config::{Millis, OpenFiles, OutputBytes, Positive};
+        use crate::config::{Cpus, Millis, OpenFiles, OutputBytes, Positive};
         LimitSettings {
             timeout_ms: Some(Millis(30_000)),
             memory_mb: Some(Positive(1024)),
             pids: Some(Positive(256)),
             cpu_seconds: Some(Positive(300)),
+            cpus: Some(Cpus(1000)),
             file_size_mb: Some(Positive(256)),
             open_files: Some(OpenFiles(1024)),
             workspace_mb: Some(Positive(512)),
@@ -138,6 +141,7 @@ impl Limits {
             memory_bytes: get(s.memory_mb).saturating_mul(MIB),
             pids: get(s.pids),
             cpu_seconds: get(s.cpu_seconds),
+            cpu_millis: s.cpus.map_or(1000, |c| c.0),
             file_size_bytes: get(s.file_size_mb).saturating_mul(MIB),
             open_files: s.open_files.map(|o| o.0).unwrap_or(1024),
             workspace_bytes: get(s.workspace_mb).saturating_mul(MIB),

@@ -24,4 +24,3 @@ pub mod registry;
 pub mod seccomp;
 pub mod server;
 pub mod sessions;
-pub mod systemd_scope;

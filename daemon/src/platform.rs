@@ -121,13 +121,6 @@ impl Platform {
         }
         Ok(file)
     }
-
-    /// The host uid whose processes count against the sandbox's process limit.
-    pub fn sandbox_host_uid(&self) -> u32 {
-        self.run_as
-            .map(|(u, _)| u)
-            .unwrap_or_else(|| rustix::process::geteuid().as_raw())
-    }
 }
 
 const SYSTEM_TOP_DIRS: &[&str] = &[

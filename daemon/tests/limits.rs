@@ -438,7 +438,7 @@ async fn rlimit_fallback_still_bounds_memory_and_processes() {
     use nix_sandbox_mcp::limits::Enforcer;
     use nix_sandbox_mcp::platform::Platform;
     let platform = Platform::probe().unwrap();
-    let enforcer = Enforcer::rlimits_only(platform.sandbox_host_uid(), "forced by the test");
+    let enforcer = Enforcer::rlimits_only("forced by the test");
     assert_eq!(enforcer.mechanism(), Mechanism::Rlimits);
     let executor = Executor::new(Arc::new(platform), enforcer, 2, 2, 0);
     let go = |env: &nix_sandbox_mcp::environment::Environment, code: &str| {

@@ -27,6 +27,8 @@ let
     in
     builtins.match whole s != null;
 
+  isNumber = v: builtins.isInt v || builtins.isFloat v;
+
   types = s: if s ? type then (if builtins.isList s.type then s.type else [ s.type ]) else [ ];
 
   hasType =
@@ -48,8 +50,8 @@ let
     s: v:
     (!(s ? anyOf) || builtins.any (sub: valid sub v) s.anyOf)
     && (types s == [ ] || builtins.any (ty: hasType ty v) (types s))
-    && (!(s ? minimum) || !(builtins.isInt v) || v >= s.minimum)
-    && (!(s ? maximum) || !(builtins.isInt v) || v <= s.maximum)
+    && (!(s ? minimum) || !(isNumber v) || v >= s.minimum)
+    && (!(s ? maximum) || !(isNumber v) || v <= s.maximum)
     && (!(s ? pattern) || !(builtins.isString v) || matches s.pattern v)
     && (!(s ? enum) || builtins.elem v s.enum)
     && (!(s ? not) || !(valid s.not v))

@@ -234,6 +234,10 @@ let
       expr = lib'.planServer { project.mount_point = "/srv/../etc"; };
       throws = "project.mount_point: expected an absolute path";
     };
+    "a CPU quota of no cores is refused" = {
+      expr = lib'.planServer { defaults.cpus = 0; };
+      throws = "defaults.cpus: expected a number of CPU cores between 0.01 and 1024";
+    };
     "a bad project mode is refused" = {
       expr = lib'.planServer { project.mode = "rw"; };
       throws = "project.mode: expected one of \"readonly\", \"readwrite\"";

@@ -26,7 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("NSM_BIN", str(ROOT / "target" / "debug" / "nix-sandbox-mcp"))
 # "closure" when the environments are Nix artifacts (no host /usr inside).
 MODE = os.environ.get("NSM_MODE", "host")
-PASSTHROUGH = ("NIX_SANDBOX_DIR", "NIX_SANDBOX_ENVS", "NIX_SANDBOX_BUILTIN", "NIX_STORE_DIR", "RUST_LOG", "XDG_CONFIG_HOME")
+PASSTHROUGH = ("NIX_SANDBOX_DIR", "NIX_SANDBOX_ENVS", "NIX_SANDBOX_BUILTIN", "NIX_SANDBOX_LIMITS", "NIX_STORE_DIR", "RUST_LOG",
+               "XDG_CONFIG_HOME")
 
 
 def server_params(config: str | None = None, project: str | None = None, env: dict[str, str] | None = None) -> StdioServerParameters:
@@ -123,19 +124,27 @@ def processes_with(marker: str, ours: bool = False) -> list[str]:
     return found
 
 
-_MECHANISM: str | None = None
+_LIMITS: dict | None = None
+
+
+def limits_info() -> dict:
+    """How the server enforces limits here (`envs --json`)."""
+    global _LIMITS
+    if _LIMITS is None:
+        p = server_params()
+        out = subprocess.run([BIN, "envs", "--json"], env={**os.environ, **(p.env or {})}, capture_output=True, check=True)
+        _LIMITS = json.loads(out.stdout)
+    return _LIMITS
 
 
 def limits_mechanism() -> str:
     """"cgroup v2", "cgroup v1" or "rlimits", as the server reports it."""
-    global _MECHANISM
-    if _MECHANISM is None:
-        import subprocess
+    return limits_info()["limits_mechanism"]
 
-        p = server_params()
-        out = subprocess.run([BIN, "envs", "--json"], env={**os.environ, **(p.env or {})}, capture_output=True, check=True)
-        _MECHANISM = json.loads(out.stdout)["limits_mechanism"]
-    return _MECHANISM
+
+def cpu_quota() -> bool:
+    """Whether the server enforces `cpus` here (a cgroup with the cpu controller)."""
+    return limits_info()["cpu_quota"]
 
 
 def write_config(text: str) -> str:
@@ -152,8 +161,8 @@ def dump(v: Any) -> str:
 class RawServer:
     """The server driven with hand-written JSON-RPC lines."""
 
-    def __init__(self, config: str | None = None) -> None:
-        p = server_params(config=config)
+    def __init__(self, config: str | None = None, env: dict[str, str] | None = None) -> None:
+        p = server_params(config=config, env=env)
         self.proc = subprocess.Popen([p.command, *p.args], env={**os.environ, **(p.env or {})}, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
@@ -175,6 +184,26 @@ class RawServer:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+    def shut_down(self, timeout: float = 20) -> None:
+        """Ends the session the way a client does: stdin closes, the server exits."""
+        self.proc.stdin.close()
+        self.proc.wait(timeout=timeout)
+
+
+def zombie_children(pid: int) -> list[int]:
+    """Processes that have ended but that `pid`, their parent, has not reaped."""
+    found = []
+    for p in pathlib.Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            rest = (p / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if rest[0] == "Z" and int(rest[1]) == pid:
+            found.append(int(p.name))
+    return found
 
 
 def local_addresses() -> list[tuple[socket.AddressFamily, str]]:

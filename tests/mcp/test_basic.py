@@ -260,3 +260,18 @@ def artifact_closure(env: str) -> list[str]:
                 closure = m["closure"]
     assert closure, f"no artifact {env} in NIX_SANDBOX_DIR"
     return closure
+
+
+def test_results_say_what_a_run_used():
+    """Every result reports CPU time and peak memory (from the cgroup, or
+    from the kernel's accounting without one)."""
+    code = "x = bytearray(64 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1\nprint('done')"
+
+    async def t():
+        async with session() as s:
+            sc, text, err = await call(s, "python", code)
+            assert not err, text
+            assert sc["peak_memory_bytes"] >= 64 << 20, dump(sc)
+            assert sc["cpu_ms"] >= 0, dump(sc)
+            assert "peak memory" in text and "cpu " in text, text
+    run_async(t)

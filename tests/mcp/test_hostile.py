@@ -14,9 +14,10 @@ import time
 import uuid
 
 import anyio
+import pytest
 
 from harness import (HostListeners, RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session,
-                     write_config)
+                     write_config, zombie_children, cpu_quota)
 
 LIMITS = write_config(
     "[defaults]\ntimeout_ms = 4000\nmemory_mb = 128\npids = 64\nworkspace_mb = 16\noutput_limit_mb = 64\n"
@@ -397,3 +398,52 @@ def test_a_killed_server_leaves_no_sandbox_behind():
     while sandbox_scripts() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sandbox_scripts() == []
+
+
+def test_sustained_load_leaves_no_zombies():
+    """The server reaps what its sandboxes leave behind (it is their
+    subreaper), during load and when it exits: nothing is left to the host's
+    PID 1, which in containers may never reap it. This test process is a
+    subreaper too, so anything the server failed to reap would end up here."""
+    before = set(zombie_children(os.getpid()))
+    for limits in (None, "rlimits"):
+        srv = RawServer(env={"NIX_SANDBOX_LIMITS": limits} if limits else None)
+        for i in range(40):
+            srv.send({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+                      "params": {"name": "run", "arguments": {"env": "bash", "code": "sleep 0.01 & true"}}})
+            assert srv.recv()["result"]["structuredContent"]["ok"]
+        deadline = time.monotonic() + 5
+        while zombie_children(srv.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert zombie_children(srv.proc.pid) == [], f"unreaped under load ({limits or 'cgroups'})"
+        srv.shut_down()
+    time.sleep(0.5)
+    assert set(zombie_children(os.getpid())) - before == set()
+
+
+def test_cpu_time_counts_every_process_of_a_run():
+    """cpu_seconds bounds the run's CPU time: three busy processes share it
+    (with a cgroup that counts CPU; without one, each process has it, and
+    the main one running out ends the run)."""
+    async def t():
+        async with session(config=write_config("[defaults]\ncpu_seconds = 1\ntimeout_ms = 30000\n")) as s:
+            sc, _, err = await call(s, "bash", "for i in 1 2; do (while :; do :; done) & done; while :; do :; done")
+            assert err and sc["limit"] == "cpu" and sc["error"]["code"] == "cpu_limit", dump(sc)
+            assert "1 s of CPU time" in sc["error"]["message"], dump(sc)
+            await still_serving(s)
+    run_async(t)
+
+
+def test_a_cpu_quota_holds():
+    if not cpu_quota():
+        pytest.skip("no cgroup with the cpu controller here: cpus is not enforced (as documented)")
+    code = ("import time\nwall, cpu = time.time(), time.process_time()\nwhile time.time() - wall < 2:\n    pass\n"
+            "print(time.process_time() - cpu)")
+
+    async def t():
+        async with session(config=write_config("[defaults]\ncpus = 0.25\n")) as s:
+            sc, _, err = await call(s, "python", code)
+            assert not err, dump(sc)
+            # A quarter of a core for two seconds: half a second, give or take.
+            assert float(sc["stdout"]) < 1.2, dump(sc)
+    run_async(t)

@@ -275,6 +275,38 @@ def test_limits_hold_for_the_whole_session():
     run_async(t)
 
 
+LOOP = ("import os\nn = 0\nwhile True:\n    n += 1\n    if n % 1000 == 0:\n"
+        "        open('/workspace/c.tmp', 'w').write(str(n))\n        os.replace('/workspace/c.tmp', '/workspace/count')\n")
+
+
+@pytest.mark.parametrize("env,start,wait,read", [
+    ("bash", f"python3 -c \"{LOOP}\" &", "sleep 0.5", "cat /workspace/count"),
+    ("python", f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {LOOP!r}])",
+     "import time; time.sleep(0.5)", "print(open('/workspace/count').read())"),
+])
+def test_background_work_does_not_run_between_calls(env, start, wait, read):
+    """A session's processes are stopped between calls (frozen cgroup, or
+    SIGSTOP without one): a busy loop left behind makes (almost) no progress
+    while the session waits, and goes on during the next call."""
+    async def count(s) -> int:
+        return int((await ok(s, env, read, "busy"))["stdout"] or 0)
+
+    async def t():
+        async with session() as s:
+            await ok(s, env, start, "busy")
+            await ok(s, env, wait, "busy")
+            first = await count(s)
+            await anyio.sleep(2)
+            second = await count(s)
+            await ok(s, env, wait, "busy")
+            third = await count(s)
+            # Two seconds between calls must count for less than the half
+            # second of a call in which the loop runs.
+            assert third - second > 0, "the loop did not go on during a call"
+            assert second - first < (third - second) / 2, (first, second, third)
+    run_async(t)
+
+
 def test_idle_sessions_are_closed_and_the_next_call_says_so():
     m = marker()
     config = write_config("[server]\nsession_idle_seconds = 1\n")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # VM tier: runs a command in the nsm-vm (a throwaway Debian 12 VM with systemd,
 # cgroup v2 and a logged-in user `dev`, see ../shared/vm/README.md) as dev and
-# as root, with the daemon and its examples freshly built into target/. The
+# as root, with the daemon freshly built into target/. The
 # repository is shared into the VM at the same path. Without the VM image it
 # prints SKIP and exits 0.
 # Usage: tests/vm/run-tier.sh [--user dev|root|both] [-- COMMAND...]
 #   COMMAND runs in the repository root inside the VM; the default is
-#   tests/vm/scope-checks.sh with the scope probe.
+#   tests/vm/limits-checks.sh with the daemon.
 # Environment: NSM_VM_DIR (image, default /var/cache/nsm-vm), NSM_VM_ACCEL
 # (tcg where /dev/kvm cannot boot the image), NSM_VM_TIMEOUT (s per boot, 900).
 set -euo pipefail
@@ -31,8 +31,8 @@ if [ ! -x "$run_vm" ]; then
   exit 0
 fi
 
-cargo build --quiet --bin nix-sandbox-mcp --example scope_probe
-[ $# -gt 0 ] || set -- bash tests/vm/scope-checks.sh target/debug/examples/scope_probe
+cargo build --quiet --bin nix-sandbox-mcp
+[ $# -gt 0 ] || set -- bash tests/vm/limits-checks.sh target/debug/nix-sandbox-mcp
 
 failed=()
 for user in "${users[@]}"; do

@@ -53,6 +53,41 @@ validated!(Millis(u64), "milliseconds between 1 and 86400000", {"type": "integer
     }
 });
 
+/// CPU cores a sandbox may use at once (a quota, not a pinning): 0.01 to
+/// 1024, fractions allowed. Kept in thousandths of a core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cpus(pub u32);
+
+impl<'de> Deserialize<'de> for Cpus {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if (0.01..=1024.0).contains(&v) {
+            Ok(Cpus((v * 1000.0).round() as u32))
+        } else {
+            Err(de::Error::custom(format!(
+                "{v} is out of range (expected {CPUS_RULE})"
+            )))
+        }
+    }
+}
+
+const CPUS_RULE: &str = "a number of CPU cores between 0.01 and 1024, such as 1 or 0.5";
+
+impl JsonSchema for Cpus {
+    fn schema_name() -> Cow<'static, str> {
+        "Cpus".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "number",
+            "minimum": 0.01,
+            "maximum": 1024,
+            "description": CPUS_RULE,
+            "x-expected": CPUS_RULE
+        })
+    }
+}
+
 /// A count or size that must be at least 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Positive(pub u64);

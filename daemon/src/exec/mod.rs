@@ -27,6 +27,7 @@
 mod admission;
 pub mod capture;
 mod outcome;
+mod pidns;
 mod prestart;
 
 mod recipe;
@@ -50,7 +51,7 @@ pub use supervise::{End, Protocol, RunOnce, Supervised, Watch, supervise};
 
 use crate::environment::Environment;
 use crate::jail::ProjectMount;
-use crate::limits::Enforcer;
+use crate::limits::{Enforcer, Usage};
 use crate::platform::Platform;
 use admission::Admission;
 use prestart::Pool;
@@ -166,7 +167,7 @@ impl Executor {
                     Some(
                         inner
                             .spawn(recipe, Vec::new())
-                            .and_then(|s| s.set_up(recipe)),
+                            .and_then(|s| s.set_up(recipe, inner.platform.run_as)),
                     )
                 }),
             );
@@ -257,6 +258,13 @@ impl Executor {
         )
         .await;
         let duration = start.elapsed();
+        let counted = sandbox.call_usage();
+        // Without a cgroup that counts, the kernel's own account, which the
+        // sandbox's init holds (bubblewrap does not wait for it).
+        let init_usage = match counted.cpu {
+            None => sandbox.reap_init_usage().await,
+            Some(_) => None,
+        };
         let fired = sandbox.finish();
         let set_up_failed = matches!(watched.end, End::Exited(_))
             && self.inner.platform.layout.json_status_fd
@@ -277,7 +285,13 @@ impl Executor {
         let ours = match watched.end {
             End::Timeout => Some(LimitKind::Timeout),
             End::Output => Some(LimitKind::Output),
+            End::Cpu => Some(LimitKind::Cpu),
             _ => None,
+        };
+        let fallback = init_usage.or(watched.exit.map(|e| (e.cpu, e.max_rss_bytes)));
+        let usage = Usage {
+            cpu: counted.cpu.or(fallback.map(|(cpu, _)| cpu)),
+            peak_memory_bytes: counted.peak_memory_bytes.or(fallback.map(|(_, rss)| rss)),
         };
         let (exit_code, signal) = outcome::interpret(watched.exit.map(|e| e.status));
         let mut outcome = Outcome {
@@ -290,6 +304,7 @@ impl Executor {
             cancelled: matches!(watched.end, End::Cancelled),
             limit: None,
             limits_reached: Vec::new(),
+            usage,
         };
         attribute_limits(&mut outcome, ours, fired);
         Ok(outcome)
@@ -352,7 +367,8 @@ impl Executor {
             .spawn(recipe, extra)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
         let recipe = recipe.clone();
-        tokio::task::spawn_blocking(move || spawned.set_up(&recipe))
+        let run_as = self.inner.platform.run_as;
+        tokio::task::spawn_blocking(move || spawned.set_up(&recipe, run_as))
             .await
             .map_err(|e| ExecError::Spawn(e.to_string()))?
             .map_err(|e| ExecError::Spawn(e.to_string()))
@@ -376,7 +392,15 @@ impl Executor {
             prepared.discard().await;
         }
         self.inner.enforcer.cleanup();
-        spawn::reap_orphans();
+        // Give what the sandboxes left behind a moment to come back to us
+        // and be reaped, rather than leave it to PID 1.
+        for _ in 0..100 {
+            spawn::reap_orphans();
+            if spawn::orphans_pending() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 

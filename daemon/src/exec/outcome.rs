@@ -6,7 +6,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use super::capture::Captured;
-use crate::limits::Fired;
+use crate::limits::{Fired, Usage};
 
 /// A limit that ended (or was reached during) a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -49,6 +49,8 @@ pub struct Outcome {
     pub limit: Option<LimitKind>,
     /// Every limit reached during the run, including ones that did not end it.
     pub limits_reached: Vec<LimitKind>,
+    /// CPU time and peak memory, as far as they were counted.
+    pub usage: Usage,
 }
 
 impl Outcome {
@@ -117,6 +119,7 @@ mod tests {
             cancelled: false,
             limit: None,
             limits_reached: vec![],
+            usage: Usage::default(),
         }
     }
 

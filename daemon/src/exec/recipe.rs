@@ -23,6 +23,7 @@ pub(super) struct RecipeKey {
     pub(super) command: Vec<String>,
     seccomp_allow: Vec<String>,
     rlimits: Vec<(u32, u64)>,
+    init_rlimits: Vec<(u32, u64)>,
     memory_bytes: u64,
     pids: u64,
 }
@@ -35,6 +36,8 @@ pub(super) struct Recipe {
     pub(super) project: Option<ProjectMount>,
     pub(super) inherited: Vec<(String, String)>,
     pub(super) rlimits: Vec<Rlimit>,
+    /// Set on the sandbox's init once its user namespace exists.
+    pub(super) init_rlimits: Vec<Rlimit>,
     pub(super) programs: Arc<Programs>,
     /// Where the code file appears in the sandbox.
     pub(super) code_path: String,
@@ -78,6 +81,8 @@ impl Recipe {
             .get(&i.env.seccomp_allow)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
         let rlimits = enforcer.rlimits(&i.env.limits);
+        let init_rlimits = enforcer.init_rlimits(&i.env.limits);
+        let pairs = |rs: &[Rlimit]| rs.iter().map(|r| (r.resource as u32, r.value)).collect();
         let placeholder = Call {
             env: i.env,
             project: i.project,
@@ -94,10 +99,8 @@ impl Recipe {
                 options: nul_separated(jail::bwrap_options(layout, &placeholder)),
                 command,
                 seccomp_allow: i.env.seccomp_allow.clone(),
-                rlimits: rlimits
-                    .iter()
-                    .map(|r| (r.resource as u32, r.value))
-                    .collect(),
+                rlimits: pairs(&rlimits),
+                init_rlimits: pairs(&init_rlimits),
                 memory_bytes: i.env.limits.memory_bytes,
                 pids: i.env.limits.pids,
             },
@@ -105,6 +108,7 @@ impl Recipe {
             project: i.project.cloned(),
             inherited: i.inherited.to_vec(),
             rlimits,
+            init_rlimits,
             programs,
             code_path: i.code_path,
         })

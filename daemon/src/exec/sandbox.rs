@@ -12,11 +12,13 @@ use tokio::net::unix::pipe;
 
 use super::spawn::{Exit, Process, Watched};
 use super::status::Status;
-use crate::limits::{Fired, Lease};
+use crate::limits::{Fired, Lease, Usage};
 
 /// How long a killed sandbox's init may take to tear its namespace down
 /// before bubblewrap itself is killed.
 const TEARDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How long an ended sandbox's init may take to come to us to be reaped.
+const INIT_REAP_WAIT: Duration = Duration::from_millis(50);
 
 /// A sandbox set up ahead of time: bubblewrap has built its namespaces and
 /// mounts and waits on `block` before starting the command.
@@ -49,11 +51,7 @@ impl Prepared {
 
     /// Kills a sandbox that was never started and waits for it to end.
     pub(super) async fn discard(mut self) {
-        if let Some(init) = &self.init {
-            init.kill();
-        }
-        self.process.kill();
-        self.process.exit().await;
+        kill_tree(&mut self.process, self.init.as_ref(), &self.lease).await;
     }
 
     /// Starts the command. Needs the tokio runtime (the pipes join its reactor).
@@ -70,6 +68,8 @@ impl Prepared {
             process: self.process,
             init: self.init,
             lease: self.lease,
+            paused: None,
+            call_cpu_start: None,
             status: self.status,
             control,
             _code: self.code,
@@ -104,6 +104,11 @@ pub struct Sandbox {
     pub(super) process: Process,
     pub(super) init: Option<Watched>,
     pub(super) lease: Lease,
+    /// How the sandbox was paused, if it is.
+    paused: Option<Pause>,
+    /// CPU time its processes had used when the current call began, where
+    /// no cgroup counts it (see `pidns.rs`).
+    call_cpu_start: Option<Duration>,
     pub(super) status: Status,
     pub(super) stdout: Channel,
     pub(super) stderr: Channel,
@@ -111,29 +116,96 @@ pub struct Sandbox {
     _code: tempfile::NamedTempFile,
 }
 
+/// How a sandbox's processes were stopped between calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pause {
+    /// Its cgroup is frozen.
+    Frozen,
+    /// Every process got SIGSTOP (no freezable cgroup).
+    Stopped,
+}
+
 impl Sandbox {
     /// Kills everything in the sandbox and waits until bubblewrap has ended.
     pub async fn kill(&mut self) -> Exit {
-        if let Some(e) = self.process.try_exit() {
-            return e;
+        self.resume();
+        kill_tree(&mut self.process, self.init.as_ref(), &self.lease).await
+    }
+
+    /// Stops every process of the sandbox (a session between calls), so
+    /// that nothing it left running uses the CPU until [`Sandbox::resume`].
+    pub fn pause(&mut self) {
+        if self.paused.is_some() {
+            return;
         }
-        if let Some(init) = &self.init {
-            // The kernel kills every process of the pid namespace and waits
-            // for them before the init can be reaped; bubblewrap, which waits
-            // for the init, then exits.
-            init.kill();
-            if let Ok(e) = tokio::time::timeout(TEARDOWN_GRACE, self.process.exit()).await {
-                return e;
+        if self.lease.freeze(true) {
+            self.paused = Some(Pause::Frozen);
+        } else if let Some(init) = &self.init {
+            super::pidns::signal_all(init.pid(), rustix::process::Signal::STOP);
+            self.paused = Some(Pause::Stopped);
+        }
+    }
+
+    /// Lets a paused sandbox run again.
+    pub fn resume(&mut self) {
+        match self.paused.take() {
+            Some(Pause::Frozen) => {
+                self.lease.freeze(false);
             }
+            Some(Pause::Stopped) => {
+                if let Some(init) = &self.init {
+                    super::pidns::signal_all(init.pid(), rustix::process::Signal::CONT);
+                }
+            }
+            None => {}
         }
-        self.process.kill();
-        self.lease.kill_all();
-        self.process.exit().await
+    }
+
+    /// Starts counting a new call's CPU time.
+    pub fn begin_call(&mut self) {
+        self.lease.begin_call();
+        if self.lease.call_cpu().is_none() {
+            self.call_cpu_start = self.init.as_ref().map(|i| super::pidns::usage(i.pid()).0);
+        }
+    }
+
+    /// CPU time of the current call, as the cgroup counts it (cheap; `None`
+    /// without a cgroup that counts CPU).
+    pub(super) fn call_cpu(&self) -> Option<Duration> {
+        self.lease.call_cpu()
+    }
+
+    /// What the current call used: its CPU time and the highest memory use
+    /// of the sandbox so far.
+    pub fn call_usage(&self) -> Usage {
+        let usage = self.lease.usage();
+        if usage.cpu.is_some() {
+            return usage;
+        }
+        match (&self.init, self.call_cpu_start) {
+            (Some(init), Some(start)) => {
+                let (cpu, peak) = super::pidns::usage(init.pid());
+                Usage {
+                    cpu: Some(cpu.saturating_sub(start)),
+                    peak_memory_bytes: usage.peak_memory_bytes.or(Some(peak)),
+                }
+            }
+            _ => usage,
+        }
     }
 
     /// Limits that fired since the last check (memory, processes).
     pub fn fired(&mut self) -> Fired {
         self.lease.check()
+    }
+
+    /// The resource usage of the sandbox's init and all it waited for, which
+    /// bubblewrap does not wait for itself: reaped here once it comes to us.
+    pub(super) async fn reap_init_usage(&self) -> Option<(Duration, u64)> {
+        match &self.init {
+            Some(init) if self.process.has_exited() => init.reap_with_usage(INIT_REAP_WAIT).await,
+            _ => None,
+        }
     }
 
     /// Ends the sandbox's hold on its cgroup once it has ended: the limits
@@ -151,6 +223,26 @@ impl Sandbox {
     pub(super) fn program_ran(&mut self) -> bool {
         self.status.program_exited()
     }
+}
+
+/// Kills a sandbox through its init, so that bubblewrap reaps the init and
+/// exits; bubblewrap's process group and the cgroup are the backstops.
+async fn kill_tree(process: &mut Process, init: Option<&Watched>, lease: &Lease) -> Exit {
+    if let Some(e) = process.try_exit() {
+        return e;
+    }
+    if let Some(init) = init {
+        // The kernel kills every process of the pid namespace and waits for
+        // them before the init can be reaped; bubblewrap, which waits for the
+        // init, then exits.
+        init.kill();
+        if let Ok(e) = tokio::time::timeout(TEARDOWN_GRACE, process.exit()).await {
+            return e;
+        }
+    }
+    process.kill();
+    lease.kill_all();
+    process.exit().await
 }
 
 impl Drop for Sandbox {

@@ -14,6 +14,7 @@ use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -139,7 +140,11 @@ impl Spawned {
     /// created the sandbox's init; it then builds the mounts and waits to
     /// start the command. Blocking (the cgroup migration waits for the
     /// kernel; see [`Lease::adopt`]).
-    pub(super) fn set_up(mut self, recipe: &Recipe) -> io::Result<Prepared> {
+    pub(super) fn set_up(
+        mut self,
+        recipe: &Recipe,
+        run_as: Option<(u32, u32)>,
+    ) -> io::Result<Prepared> {
         self.lease.apply(&recipe.env.limits)?;
         self.lease.adopt(self.process.pid())?;
         // A write fails only when bubblewrap has exited; the run reports why.
@@ -150,7 +155,15 @@ impl Spawned {
         let mut status = Status::new(self.status);
         let init = status
             .wait_for_init(INIT_LIMIT)
-            .and_then(|pid| watch_child_of(pid, &mut self.process));
+            .and_then(|pid| watch_child_of(pid, &mut self.process).map(|w| (pid, w)));
+        // No init: bubblewrap failed to set the sandbox up, which the run reports.
+        let init = match init {
+            Some((pid, watched)) => {
+                limit_init(pid, &recipe.init_rlimits, run_as)?;
+                Some(watched)
+            }
+            None => None,
+        };
         Ok(Prepared {
             process: self.process,
             init,
@@ -162,6 +175,60 @@ impl Spawned {
             stderr: self.stderr,
         })
     }
+}
+
+/// Sets `rlimits` on the sandbox's init, which has not started the command
+/// yet: the command and everything it starts inherit them, counted inside
+/// the sandbox's user namespace. A daemon running as root without
+/// CAP_SYS_RESOURCE may not change another user's limits, so this thread
+/// takes the sandbox's identity for the call (only this thread: the
+/// credential system calls act per thread).
+fn limit_init(pid: i32, rlimits: &[Rlimit], run_as: Option<(u32, u32)>) -> io::Result<()> {
+    let Some(pid) = Pid::from_raw(pid) else {
+        return Ok(());
+    };
+    let apply = || -> io::Result<()> {
+        for r in rlimits {
+            let limit = rustix::process::Rlimit {
+                current: Some(r.value),
+                maximum: Some(r.value),
+            };
+            rustix::process::prlimit(Some(pid), r.resource, limit)?;
+        }
+        Ok(())
+    };
+    match (apply(), run_as) {
+        (Ok(()), _) => Ok(()),
+        (Err(e), Some((uid, gid))) if e.raw_os_error() == Some(libc::EPERM) => {
+            as_sandbox_user(uid, gid, apply)
+        }
+        (Err(e), _) => Err(io::Error::other(format!(
+            "cannot limit the sandbox's processes: {e}"
+        ))),
+    }
+}
+
+/// Runs `f` on this thread as `uid`/`gid` (keeping root as the saved
+/// identity to return to). Aborts the process if the identity cannot be
+/// restored: a daemon thread must never go on as another user.
+fn as_sandbox_user(uid: u32, gid: u32, f: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+    use rustix::process::{Gid, Uid};
+    use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
+    let root = (Uid::ROOT, Gid::ROOT);
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    set_thread_res_gid(gid, gid, root.1)?;
+    if let Err(e) = set_thread_res_uid(uid, uid, root.0) {
+        let _ = set_thread_res_gid(root.1, root.1, root.1);
+        return Err(e.into());
+    }
+    let result = f();
+    if set_thread_res_uid(root.0, root.0, root.0).is_err()
+        || set_thread_res_gid(root.1, root.1, root.1).is_err()
+    {
+        tracing::error!("cannot return to root after limiting a sandbox; stopping");
+        std::process::abort();
+    }
+    result
 }
 
 /// A pidfd on `pid`, provided it is the sandbox init that `parent`
@@ -211,6 +278,46 @@ fn reap(pid: Pid) -> Option<Exit> {
         cpu: time(usage.ru_utime) + time(usage.ru_stime),
         max_rss_bytes: (usage.ru_maxrss as u64) * 1024,
     })
+}
+
+/// Reaps the process behind `pidfd`, if it has ended and is our child, with
+/// its resource usage (which includes the children it waited for). `Ok(None)`
+/// while it runs; `Err(ECHILD)` when it is not ours to reap.
+fn reap_pidfd_with_usage(pidfd: &OwnedFd) -> Result<Option<(Duration, u64)>, rustix::io::Errno> {
+    use std::os::fd::AsRawFd;
+    const P_PIDFD: libc::c_int = 3;
+    // SAFETY: all-zero is a valid value of these plain C structs.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid (the system call, whose fifth argument is the rusage)
+    // writes only into the two local variables passed by pointer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_waitid,
+            P_PIDFD,
+            pidfd.as_raw_fd(),
+            &mut info as *mut libc::siginfo_t,
+            libc::WEXITED | libc::WNOHANG,
+            &mut usage as *mut libc::rusage,
+        )
+    };
+    if r < 0 {
+        return Err(
+            rustix::io::Errno::from_io_error(&io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::CHILD),
+        );
+    }
+    // SAFETY: si_pid is set by waitid when a child was waited for, and left
+    // zero (as initialised) when none had ended.
+    if unsafe { info.si_pid() } == 0 {
+        return Ok(None);
+    }
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Ok(Some((
+        time(usage.ru_utime) + time(usage.ru_stime),
+        (usage.ru_maxrss as u64) * 1024,
+    )))
 }
 
 /// Everything the child does between fork and exec, prepared in the parent.
@@ -355,6 +462,11 @@ impl Process {
         }
     }
 
+    /// Whether the process has ended (and been reaped).
+    pub fn has_exited(&self) -> bool {
+        self.exit.is_some()
+    }
+
     /// Sends SIGKILL to the process and to its process group (it leads one).
     pub fn kill(&self) {
         if self.exit.is_some() {
@@ -382,6 +494,7 @@ impl Drop for Process {
 /// handed to the daemon.
 #[derive(Debug)]
 pub struct Watched {
+    pid: i32,
     pidfd: OwnedFd,
 }
 
@@ -391,8 +504,35 @@ impl Watched {
     pub fn open(pid: i32) -> io::Result<Watched> {
         let pid = Pid::from_raw(pid).ok_or_else(|| io::Error::other("pid 0"))?;
         Ok(Watched {
+            pid: pid.as_raw_nonzero().get(),
             pidfd: rustix::process::pidfd_open(pid, PidfdFlags::NONBLOCK)?,
         })
+    }
+
+    /// Waits (up to `within`) for the process to end and come to us, and
+    /// reaps it with its resource usage: CPU time and peak resident memory
+    /// of it and the children it waited for. `None` when it is not ours to
+    /// reap (its parent reaped it, or the daemon is not its subreaper).
+    pub async fn reap_with_usage(&self, within: Duration) -> Option<(Duration, u64)> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match reap_pidfd_with_usage(&self.pidfd) {
+                Ok(Some(usage)) => return Some(usage),
+                Err(rustix::io::Errno::CHILD) if reaped_elsewhere(&self.pidfd) => return None,
+                Err(e) if e != rustix::io::Errno::CHILD => return None,
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Its host pid: meaningful while the process is alive (the pidfd keeps
+    /// the process, not the number).
+    pub fn pid(&self) -> i32 {
+        self.pid
     }
 
     pub fn kill(&self) {
@@ -404,7 +544,8 @@ impl Drop for Watched {
     fn drop(&mut self) {
         // Its parent (bubblewrap) normally reaps it; when bubblewrap ended
         // first, the process is ours (we are its subreaper) or PID 1's.
-        if !reap_pidfd(&self.pidfd)
+        if SUBREAPER.load(Ordering::Relaxed)
+            && !settled(&self.pidfd)
             && let Ok(fd) = self.pidfd.try_clone()
         {
             Orphans::keep(fd);
@@ -416,8 +557,13 @@ impl Drop for Watched {
 /// host's PID 1, which in containers may never reap them).
 pub fn become_subreaper() -> io::Result<()> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    SUBREAPER.store(true, Ordering::Relaxed);
     Ok(())
 }
+
+/// Set by [`become_subreaper`]: without it, a sandbox's init that bubblewrap
+/// leaves behind goes to PID 1, and there is nothing for us to wait for.
+static SUBREAPER: AtomicBool = AtomicBool::new(false);
 
 /// Processes that were killed or handed over but not yet reaped.
 struct Orphans;
@@ -427,6 +573,7 @@ static ORPHANS: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
 impl Orphans {
     fn keep(fd: OwnedFd) {
         let mut list = ORPHANS.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|fd| !settled(fd));
         list.push(fd);
     }
 }
@@ -435,7 +582,7 @@ impl Orphans {
 /// the daemon's to reap. Cheap; called after each run and periodically.
 pub fn reap_orphans() {
     let mut list = ORPHANS.lock().unwrap_or_else(|p| p.into_inner());
-    list.retain(|fd| !reap_pidfd(fd));
+    list.retain(|fd| !settled(fd));
 }
 
 /// How many processes still wait to be reaped (for tests and `doctor`).
@@ -443,15 +590,31 @@ pub fn orphans_pending() -> usize {
     ORPHANS.lock().map(|l| l.len()).unwrap_or(0)
 }
 
-/// True when the process behind `fd` is gone for us: reaped now, or not our
-/// child at all (its parent reaps it).
-fn reap_pidfd(fd: &OwnedFd) -> bool {
+/// True when the process behind `fd` needs nothing more from us: reaped
+/// now, or already reaped by its parent. False while it runs, or while it
+/// has ended as another's child (bubblewrap may still reap it; if
+/// bubblewrap ended first, it comes to us).
+fn settled(fd: &OwnedFd) -> bool {
     match rustix::process::waitid(
         WaitId::PidFd(fd.as_fd()),
         WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
     ) {
         Ok(Some(_)) => true,
         Ok(None) => false,
+        Err(rustix::io::Errno::CHILD) => reaped_elsewhere(fd),
         Err(_) => true,
     }
+}
+
+/// Whether the process behind a pidfd has been reaped: the kernel then
+/// shows its pid as -1 in the descriptor's fdinfo.
+fn reaped_elsewhere(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("Pid:"))
+                .is_none_or(|pid| pid.trim() == "-1")
+        })
+        .unwrap_or(true)
 }

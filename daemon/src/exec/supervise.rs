@@ -29,6 +29,9 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// How long a sandbox whose reply channel closed may take to exit.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 const READ_CHUNK: usize = 64 * 1024;
+/// Bounds on how often a call's CPU time is read from its cgroup.
+const CPU_CHECK_MIN: Duration = Duration::from_millis(100);
+const CPU_CHECK_MAX: Duration = Duration::from_secs(2);
 
 /// How a call talks to its sandbox.
 pub trait Protocol {
@@ -69,6 +72,9 @@ pub enum End<R> {
     ReplyOverflow,
     /// The reply channel closed or failed while the sandbox still ran; killed.
     Broken,
+    /// The call used more CPU time than it may (all its processes together,
+    /// as the cgroup counts it); the sandbox was killed.
+    Cpu,
 }
 
 impl<R> End<R> {
@@ -164,11 +170,15 @@ async fn run_until_end<P: Protocol>(
     watch: &Watch<'_>,
     out: &mut Output<'_>,
 ) -> End<P::Reply> {
+    let cpu_budget = Duration::from_secs(watch.limits.cpu_seconds);
+    let counts_cpu = sandbox.call_cpu().is_some();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let Sandbox {
         process,
         stdout,
         stderr,
         control,
+        lease,
         ..
     } = sandbox;
     let (mut requests, mut replies, mut partial) = match control.as_mut() {
@@ -187,6 +197,13 @@ async fn run_until_end<P: Protocol>(
     let mut buf_reply = vec![0u8; REPLY_LINE_CAP];
     let deadline = tokio::time::sleep(watch.limits.timeout);
     tokio::pin!(deadline);
+    // The earliest the CPU budget could run out: the rest of it spread over
+    // every core the host has.
+    let cpu_check_after = |used: Duration| {
+        (cpu_budget.saturating_sub(used) / cores).clamp(CPU_CHECK_MIN, CPU_CHECK_MAX)
+    };
+    let cpu_check = tokio::time::sleep(cpu_check_after(Duration::ZERO));
+    tokio::pin!(cpu_check);
     loop {
         tokio::select! {
             exit = process.exit() => return End::Exited(exit),
@@ -229,6 +246,13 @@ async fn run_until_end<P: Protocol>(
                 Ok(n) if n > 0 => sent += n,
                 _ => return End::Broken,
             },
+            _ = &mut cpu_check, if counts_cpu => {
+                let used = lease.call_cpu().unwrap_or_default();
+                if used >= cpu_budget {
+                    return End::Cpu;
+                }
+                cpu_check.as_mut().reset(tokio::time::Instant::now() + cpu_check_after(used));
+            }
             _ = &mut deadline => return End::Timeout,
             _ = watch.cancel.cancelled() => return End::Cancelled,
         }

@@ -1,6 +1,9 @@
-//! cgroup v1: per-sandbox leaf groups in the memory and pids hierarchies
-//! (each with a container of ours); memory (and memory plus swap, where the
-//! kernel accounts it) and pids limits, with the OOM and pids counters.
+//! cgroup v1: per-sandbox leaf groups in the memory and pids hierarchies,
+//! and, where the host mounts them, cpu (a CPU quota), cpuacct (the CPU a
+//! run used) and freezer (pausing a session between calls), each with a
+//! container of ours. Memory (and memory plus swap, where the kernel
+//! accounts it) and pids limits, the OOM and pids counters, and the memory
+//! high-water mark, which is reset when a group is reused.
 
 use std::io;
 use std::path::PathBuf;
@@ -9,10 +12,29 @@ use super::groups::{Hierarchy, read_key, write_file};
 use super::{Counters, Mechanism};
 use crate::environment::Limits;
 
+/// The containers, one per hierarchy, in the order of a group's directories.
 #[derive(Debug)]
 pub(super) struct CgroupV1 {
     pub(super) memory: PathBuf,
     pub(super) pids: PathBuf,
+    /// The cpu and cpuacct hierarchies, which hosts often mount together
+    /// (then both are the same directory).
+    pub(super) cpu: Option<PathBuf>,
+    pub(super) cpuacct: Option<PathBuf>,
+    pub(super) freezer: Option<PathBuf>,
+}
+
+const CPU_PERIOD_US: u64 = 100_000;
+
+impl CgroupV1 {
+    /// Where a group's directory for `container` is among its directories.
+    fn slot<'a>(&self, dirs: &'a [PathBuf], container: Option<&PathBuf>) -> Option<&'a PathBuf> {
+        let container = container?;
+        self.containers()
+            .iter()
+            .position(|c| c == container)
+            .and_then(|i| dirs.get(i))
+    }
 }
 
 impl Hierarchy for CgroupV1 {
@@ -21,16 +43,31 @@ impl Hierarchy for CgroupV1 {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "cgroup v1 leaf groups (memory under {}, pids under {})",
+        let mut s = format!(
+            "cgroup v1 leaf groups (memory under {}, pids under {}",
             self.memory.display(),
             self.pids.display()
-        )
+        );
+        for (name, dir) in [("cpu", &self.cpu), ("freezer", &self.freezer)] {
+            if let Some(d) = dir {
+                s.push_str(&format!(", {name} under {}", d.display()));
+            }
+        }
+        s + ")"
     }
 
-    /// Memory first, then pids: the order of a group's directories.
+    /// Memory first, then pids, then the optional ones, each directory once.
     fn containers(&self) -> Vec<PathBuf> {
-        vec![self.memory.clone(), self.pids.clone()]
+        let mut out = vec![self.memory.clone(), self.pids.clone()];
+        for d in [&self.cpu, &self.cpuacct, &self.freezer]
+            .into_iter()
+            .flatten()
+        {
+            if !out.contains(d) {
+                out.push(d.clone());
+            }
+        }
+        out
     }
 
     fn apply(&self, dirs: &[PathBuf], limits: &Limits) -> io::Result<()> {
@@ -48,13 +85,40 @@ impl Hierarchy for CgroupV1 {
         if has_memsw {
             write_file(&memsw, &limits.memory_bytes.to_string())?;
         }
-        write_file(&dirs[1].join("pids.max"), &limits.pids.to_string())
+        write_file(&dirs[1].join("pids.max"), &limits.pids.to_string())?;
+        if let Some(cpu) = self.slot(dirs, self.cpu.as_ref()) {
+            let quota = u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000;
+            write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write_file(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
+        }
+        Ok(())
     }
 
     fn counters(&self, dirs: &[PathBuf]) -> Counters {
+        let number =
+            |p: PathBuf| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
         Counters {
             oom_kills: read_key(&dirs[0].join("memory.oom_control"), "oom_kill").unwrap_or(0),
             pids_max_hits: read_key(&dirs[1].join("pids.events"), "max").unwrap_or(0),
+            cpu_usec: self
+                .slot(dirs, self.cpuacct.as_ref())
+                .and_then(|d| number(d.join("cpuacct.usage")))
+                .map(|ns| ns / 1000),
+            peak_memory: number(dirs[0].join("memory.max_usage_in_bytes")),
         }
+    }
+
+    fn reusable(&self, dirs: &[PathBuf]) -> bool {
+        write_file(&dirs[0].join("memory.max_usage_in_bytes"), "0").is_ok()
+    }
+
+    fn limits_cpu(&self) -> bool {
+        self.cpu.is_some()
+    }
+
+    fn freeze(&self, dirs: &[PathBuf], frozen: bool) -> Option<io::Result<()>> {
+        let dir = self.slot(dirs, self.freezer.as_ref())?;
+        let state = if frozen { "FROZEN" } else { "THAWED" };
+        Some(write_file(&dir.join("freezer.state"), state))
     }
 }

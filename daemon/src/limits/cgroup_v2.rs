@@ -1,6 +1,9 @@
 //! cgroup v2: per-sandbox groups in a container of a delegated subtree of
-//! the unified hierarchy; memory (without swap) and pids limits, the
-//! `memory.events` and `pids.events` counters, and `cgroup.kill`.
+//! the unified hierarchy: memory (without swap), pids and, where the cpu
+//! controller is delegated, a CPU quota; the `memory.events` and
+//! `pids.events` counters, `cpu.stat` and `memory.peak` for what a run used,
+//! `cgroup.freeze` and `cgroup.kill`. `memory.peak` cannot be reset on most
+//! kernels users have, so a group serves one sandbox only.
 
 use std::io;
 use std::path::PathBuf;
@@ -13,7 +16,12 @@ use crate::environment::Limits;
 pub(super) struct CgroupV2 {
     /// Groups live here, a directory of the unified hierarchy.
     pub(super) container: PathBuf,
+    /// The cpu controller is enabled for the groups.
+    pub(super) cpu: bool,
 }
+
+/// The period of the CPU quota, in microseconds (the kernel's default).
+const CPU_PERIOD_US: u64 = 100_000;
 
 impl Hierarchy for CgroupV2 {
     fn mechanism(&self) -> Mechanism {
@@ -21,8 +29,9 @@ impl Hierarchy for CgroupV2 {
     }
 
     fn describe(&self) -> String {
+        let cpu = if self.cpu { ", cpu" } else { "" };
         format!(
-            "cgroup v2 (memory, pids) under {}",
+            "cgroup v2 (memory, pids{cpu}) under {}",
             self.container.display()
         )
     }
@@ -36,17 +45,41 @@ impl Hierarchy for CgroupV2 {
         write_file(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
         // No swap: the memory limit is the memory the run gets.
         let _ = write_file(&d.join("memory.swap.max"), "0");
-        write_file(&d.join("pids.max"), &limits.pids.to_string())
+        write_file(&d.join("pids.max"), &limits.pids.to_string())?;
+        if self.cpu {
+            let quota = u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000;
+            write_file(&d.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+        }
+        Ok(())
     }
 
     fn counters(&self, dirs: &[PathBuf]) -> Counters {
+        let d = &dirs[0];
         Counters {
-            oom_kills: read_key(&dirs[0].join("memory.events"), "oom_kill").unwrap_or(0),
-            pids_max_hits: read_key(&dirs[0].join("pids.events"), "max").unwrap_or(0),
+            oom_kills: read_key(&d.join("memory.events"), "oom_kill").unwrap_or(0),
+            pids_max_hits: read_key(&d.join("pids.events"), "max").unwrap_or(0),
+            cpu_usec: read_key(&d.join("cpu.stat"), "usage_usec"),
+            peak_memory: std::fs::read_to_string(d.join("memory.peak"))
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
         }
+    }
+
+    fn reusable(&self, _dirs: &[PathBuf]) -> bool {
+        false
+    }
+
+    fn limits_cpu(&self) -> bool {
+        self.cpu
     }
 
     fn kill_at_once(&self, dirs: &[PathBuf]) -> bool {
         write_file(&dirs[0].join("cgroup.kill"), "1").is_ok()
+    }
+
+    fn freeze(&self, dirs: &[PathBuf], frozen: bool) -> Option<io::Result<()>> {
+        let file = dirs[0].join("cgroup.freeze");
+        file.exists()
+            .then(|| write_file(&file, if frozen { "1" } else { "0" }))
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::cgroup_v1::CgroupV1;
 use super::cgroup_v2::CgroupV2;
 use super::groups::{Hierarchy, kill_pids_in, subdirectories, write_file};
+use super::systemd;
 
 const CONTAINER_PREFIX: &str = "nix-sandbox-mcp-";
 
@@ -135,30 +136,35 @@ fn detect_v2() -> Result<CgroupV2, String> {
         .into_iter()
         .find(|m| m.fstype == "cgroup2")
         .ok_or("cgroup v2: not mounted")?;
-    let own = own_cgroup("").ok_or("cgroup v2: this process has no unified cgroup")?;
-    let base = host_path(&mount, &own);
-    let available = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+    // A hybrid host keeps the controllers on v1: nothing to delegate here.
+    let offered = systemd::features(&mount.point);
     for c in ["memory", "pids"] {
-        if !available.split_whitespace().any(|x| x == c) {
+        if !offered.has(c) {
+            return Err(format!(
+                "cgroup v2: the {c} controller is not on the unified hierarchy {} (it is bound to cgroup v1)",
+                mount.point.display()
+            ));
+        }
+    }
+    let delegated = systemd::delegated_cgroup().map_err(|e| format!("cgroup v2: {e}"))?;
+    if let Some(unit) = &delegated.started {
+        tracing::info!("systemd started {unit}, a delegated cgroup for the sandboxes' limits");
+    }
+    let base = delegated.dir;
+    let features = systemd::features(&base);
+    for c in ["memory", "pids"] {
+        if !features.has(c) {
             return Err(format!(
                 "cgroup v2: the {c} controller is not delegated to {}",
                 base.display()
             ));
         }
     }
-    if own != "/" {
-        // The "no internal processes" rule: controllers can only be enabled for
-        // children once our own group holds no processes, so we move into a leaf.
-        // That is only ours to do when we are alone in the group.
-        let procs =
-            fs::read_to_string(base.join("cgroup.procs")).map_err(|e| format!("cgroup v2: {e}"))?;
-        let me = std::process::id().to_string();
-        if procs.lines().any(|p| p.trim() != me) {
-            return Err(format!(
-                "cgroup v2: {} is shared with other processes, so it cannot be delegated (run the server in its own scope, e.g. `systemd-run --user --scope -p Delegate=yes nix-sandbox-mcp --stdio`)",
-                base.display()
-            ));
-        }
+    // The "no internal processes" rule: controllers can only be enabled for
+    // children once our own group holds no processes, so we move into a
+    // leaf. The group is ours alone (delegation checked that), but the
+    // hierarchy's root is exempt from the rule.
+    if base != mount.point {
         let leaf = base.join("daemon");
         fs::create_dir_all(&leaf)
             .map_err(|e| format!("cgroup v2: cannot create {}: {e}", leaf.display()))?;
@@ -166,46 +172,64 @@ fn detect_v2() -> Result<CgroupV2, String> {
             .map_err(|e| format!("cgroup v2: cannot move into {}: {e}", leaf.display()))?;
     }
     remove_stale_containers(&base);
-    write_file(&base.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
-        format!(
-            "cgroup v2: cannot enable memory and pids in {}: {e}",
-            base.display()
-        )
-    })?;
+    let controllers = if features.has("cpu") {
+        "+memory +pids +cpu"
+    } else {
+        "+memory +pids"
+    };
+    let enable = |dir: &Path| {
+        write_file(&dir.join("cgroup.subtree_control"), controllers).map_err(|e| {
+            format!(
+                "cgroup v2: cannot enable {controllers} in {}: {e}",
+                dir.display()
+            )
+        })
+    };
+    enable(&base)?;
     let container = base.join(container_name());
     fs::create_dir_all(&container)
         .map_err(|e| format!("cgroup v2: cannot create {}: {e}", container.display()))?;
-    write_file(&container.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
+    enable(&container).inspect_err(|_| {
         let _ = fs::remove_dir(&container);
-        format!(
-            "cgroup v2: cannot enable controllers in {}: {e}",
-            container.display()
-        )
     })?;
-    Ok(CgroupV2 { container })
+    Ok(CgroupV2 {
+        container,
+        cpu: features.has("cpu"),
+    })
 }
 
 fn detect_v1() -> Result<CgroupV1, String> {
     let all = mounts();
     let name = container_name();
-    let mut dirs = Vec::new();
-    for controller in ["memory", "pids"] {
-        let mount = all
+    // The container of ours in the hierarchy of `controller`, when mounted.
+    let container = |controller: &str| -> Result<Option<PathBuf>, String> {
+        let Some(mount) = all
             .iter()
             .find(|m| m.fstype == "cgroup" && m.options.split(',').any(|o| o == controller))
-            .ok_or_else(|| format!("cgroup v1: no {controller} hierarchy"))?;
+        else {
+            return Ok(None);
+        };
         let own =
             own_cgroup(controller).ok_or_else(|| format!("cgroup v1: no {controller} cgroup"))?;
         let base = host_path(mount, &own);
         remove_stale_containers(&base);
-        let container = base.join(&name);
-        fs::create_dir_all(&container)
-            .map_err(|e| format!("cgroup v1: cannot create {}: {e}", container.display()))?;
-        dirs.push(container);
-    }
-    let pids = dirs.pop().expect("two hierarchies");
-    let memory = dirs.pop().expect("two hierarchies");
-    Ok(CgroupV1 { memory, pids })
+        let dir = base.join(&name);
+        fs::create_dir_all(&dir)
+            .map_err(|e| format!("cgroup v1: cannot create {}: {e}", dir.display()))?;
+        Ok(Some(dir))
+    };
+    let required = |controller: &str| {
+        container(controller)?.ok_or_else(|| format!("cgroup v1: no {controller} hierarchy"))
+    };
+    // Optional controllers the daemon cannot write to are simply not used.
+    let optional = |controller: &str| container(controller).ok().flatten();
+    Ok(CgroupV1 {
+        memory: required("memory")?,
+        pids: required("pids")?,
+        cpu: optional("cpu"),
+        cpuacct: optional("cpuacct"),
+        freezer: optional("freezer"),
+    })
 }
 
 #[cfg(test)]

@@ -22,10 +22,17 @@ pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
     /// Writes `limits` into a group's directories.
     fn apply(&self, dirs: &[PathBuf], limits: &Limits) -> io::Result<()>;
     fn counters(&self, dirs: &[PathBuf]) -> Counters;
+    /// Prepares an emptied group for another sandbox (resetting what it
+    /// counted); false when the group cannot serve again.
+    fn reusable(&self, dirs: &[PathBuf]) -> bool;
+    /// Whether a CPU quota is applied.
+    fn limits_cpu(&self) -> bool;
     /// Kills everything in the group at once, where the hierarchy can.
     fn kill_at_once(&self, _dirs: &[PathBuf]) -> bool {
         false
     }
+    /// Freezes or thaws the group; `None` where the hierarchy cannot.
+    fn freeze(&self, dirs: &[PathBuf], frozen: bool) -> Option<io::Result<()>>;
 }
 
 /// One sandbox's group: a directory per hierarchy.
@@ -33,13 +40,15 @@ pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
 pub(super) struct Group {
     dirs: Vec<PathBuf>,
     /// Limits currently written to the group, to skip rewriting them.
-    applied: Option<(u64, u64)>,
+    applied: Option<(u64, u64, u32)>,
 }
 
 #[derive(Debug)]
 pub(super) struct GroupPool {
     hierarchy: Box<dyn Hierarchy>,
     free: Mutex<Vec<Group>>,
+    /// Groups to keep ready (see [`GroupPool::warm`]).
+    target: std::sync::atomic::AtomicUsize,
     next_id: Mutex<u64>,
     /// Finished groups go here; a background thread waits for each to empty
     /// and returns it to `free`.
@@ -52,6 +61,7 @@ impl GroupPool {
         let pool = Arc::new(GroupPool {
             hierarchy,
             free: Mutex::new(Vec::new()),
+            target: std::sync::atomic::AtomicUsize::new(0),
             next_id: Mutex::new(0),
             recycle: Mutex::new(Some(tx)),
         });
@@ -61,11 +71,14 @@ impl GroupPool {
             .spawn(move || {
                 for group in rx {
                     let Some(pool) = weak.upgrade() else { break };
-                    if pool.wait_empty(&group, Duration::from_secs(2)) {
-                        pool.free.lock().unwrap().push(group);
-                    } else {
+                    if !pool.wait_empty(&group, Duration::from_secs(2)) {
                         tracing::warn!("cgroup {:?} did not empty; discarding it", group.dirs);
                         pool.kill(&group);
+                    } else if pool.hierarchy.reusable(&group.dirs) {
+                        pool.free.lock().unwrap().push(group);
+                    } else {
+                        pool.remove(&group);
+                        pool.top_up();
                     }
                 }
             });
@@ -84,10 +97,19 @@ impl GroupPool {
         self.hierarchy.describe()
     }
 
-    /// Creates `count` groups now.
+    /// Keeps `count` groups ready, creating them now.
     pub(super) fn warm(&self, count: usize) {
+        self.target
+            .store(count, std::sync::atomic::Ordering::Relaxed);
+        self.top_up();
+    }
+
+    /// Creates groups until `target` are free.
+    fn top_up(&self) {
+        let target = self.target.load(std::sync::atomic::Ordering::Relaxed);
+        let missing = target.saturating_sub(self.free.lock().unwrap().len());
         let mut made = Vec::new();
-        for _ in 0..count {
+        for _ in 0..missing {
             match self.create() {
                 Ok(g) => made.push(g),
                 Err(e) => {
@@ -138,7 +160,7 @@ impl GroupPool {
     }
 
     pub(super) fn apply(&self, g: &mut Group, limits: &Limits) -> io::Result<()> {
-        let wanted = (limits.memory_bytes, limits.pids);
+        let wanted = (limits.memory_bytes, limits.pids, limits.cpu_millis);
         if g.applied != Some(wanted) {
             self.hierarchy.apply(&g.dirs, limits)?;
             g.applied = Some(wanted);
@@ -150,7 +172,23 @@ impl GroupPool {
         self.hierarchy.counters(&g.dirs)
     }
 
+    pub(super) fn freeze(&self, g: &Group, frozen: bool) -> Option<io::Result<()>> {
+        self.hierarchy.freeze(&g.dirs, frozen)
+    }
+
+    pub(super) fn limits_cpu(&self) -> bool {
+        self.hierarchy.limits_cpu()
+    }
+
+    fn remove(&self, g: &Group) {
+        for d in &g.dirs {
+            let _ = fs::remove_dir(d);
+        }
+    }
+
     pub(super) fn kill(&self, g: &Group) {
+        // A frozen process dies only once thawed (cgroup v1).
+        let _ = self.hierarchy.freeze(&g.dirs, false);
         if !self.hierarchy.kill_at_once(&g.dirs) {
             for d in &g.dirs {
                 kill_pids_in(d);
@@ -190,9 +228,7 @@ impl GroupPool {
             }
         }
         for g in self.free.lock().unwrap().drain(..) {
-            for d in &g.dirs {
-                let _ = fs::remove_dir(d);
-            }
+            self.remove(&g);
         }
         for c in self.hierarchy.containers() {
             let _ = fs::remove_dir(c);

@@ -11,6 +11,7 @@ mod cgroup_v2;
 mod detect;
 mod groups;
 mod rlimits;
+pub mod systemd;
 
 use std::io;
 use std::sync::Arc;
@@ -49,6 +50,17 @@ pub struct Fired {
 struct Counters {
     oom_kills: u64,
     pids_max_hits: u64,
+    /// CPU time the group used, in microseconds, where it is counted.
+    cpu_usec: Option<u64>,
+    /// The group's highest memory use, where it is counted.
+    peak_memory: Option<u64>,
+}
+
+/// What a sandbox used, as far as its cgroup counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub cpu: Option<std::time::Duration>,
+    pub peak_memory_bytes: Option<u64>,
 }
 
 /// Decides and applies limits for every run of this daemon.
@@ -63,23 +75,23 @@ pub struct Enforcer {
 impl Enforcer {
     /// Probes the host. Never fails: the worst case is rlimits alone, with the
     /// reason kept for `doctor`.
-    pub fn detect(sandbox_uid: u32) -> Enforcer {
+    pub fn detect() -> Enforcer {
         match detect::hierarchy() {
             Ok(h) => Enforcer {
                 groups: Some(GroupPool::start(h)),
                 rlimits: rlimits::Policy::with_cgroups(),
                 fallback_note: None,
             },
-            Err(why) => Enforcer::rlimits_only(sandbox_uid, &why),
+            Err(why) => Enforcer::rlimits_only(&why),
         }
     }
 
     /// An enforcer that uses rlimits only (`NIX_SANDBOX_LIMITS=rlimits`, or
     /// no usable cgroup).
-    pub fn rlimits_only(sandbox_uid: u32, why: &str) -> Enforcer {
+    pub fn rlimits_only(why: &str) -> Enforcer {
         Enforcer {
             groups: None,
-            rlimits: rlimits::Policy::without_cgroups(sandbox_uid),
+            rlimits: rlimits::Policy::without_cgroups(),
             fallback_note: Some(why.to_string()),
         }
     }
@@ -102,6 +114,11 @@ impl Enforcer {
         }
     }
 
+    /// Whether a CPU quota (`cpus`) is enforced.
+    pub fn limits_cpu(&self) -> bool {
+        self.groups.as_ref().is_some_and(|g| g.limits_cpu())
+    }
+
     /// Creates `count` groups ahead of time so runs never wait on mkdir.
     pub fn warm(&self, count: usize) {
         if let Some(g) = &self.groups {
@@ -121,14 +138,21 @@ impl Enforcer {
                 group: Some(pool.take()?),
                 pool: pool.clone(),
                 before: Counters::default(),
+                call_cpu_usec: None,
             }),
         })
     }
 
-    /// The rlimits for a run: always CPU, file size, open files and core
-    /// dumps; memory and processes too when no cgroup enforces them.
+    /// The rlimits set on bubblewrap for a run: always CPU, file size, open
+    /// files and core dumps; memory too when no cgroup enforces it.
     pub fn rlimits(&self, limits: &Limits) -> Vec<Rlimit> {
         self.rlimits.for_limits(limits)
+    }
+
+    /// The rlimits set on the sandbox's init once its user namespace
+    /// exists: the process limit, when no cgroup enforces it.
+    pub fn init_rlimits(&self, limits: &Limits) -> Vec<Rlimit> {
+        self.rlimits.for_init(limits)
     }
 
     /// Removes every prepared group (at shutdown).
@@ -150,7 +174,10 @@ pub struct Lease {
 struct CgroupLease {
     pool: Arc<GroupPool>,
     group: Option<Group>,
+    /// The counters at the last check.
     before: Counters,
+    /// CPU time at the start of the current call.
+    call_cpu_usec: Option<u64>,
 }
 
 impl Lease {
@@ -172,8 +199,61 @@ impl Lease {
         {
             c.pool.apply(g, limits)?;
             c.before = c.pool.counters(g);
+            c.call_cpu_usec = c.before.cpu_usec;
         }
         Ok(())
+    }
+
+    /// Starts counting a new call's CPU time (a session's group serves many).
+    pub fn begin_call(&mut self) {
+        if let Some(c) = &mut self.cgroup
+            && let Some(g) = &c.group
+        {
+            c.call_cpu_usec = c.pool.counters(g).cpu_usec;
+        }
+    }
+
+    /// CPU time the group used since the current call began, where counted.
+    pub fn call_cpu(&self) -> Option<std::time::Duration> {
+        let c = self.cgroup.as_ref()?;
+        let now = c.pool.counters(c.group.as_ref()?).cpu_usec?;
+        Some(std::time::Duration::from_micros(
+            now.saturating_sub(c.call_cpu_usec?),
+        ))
+    }
+
+    /// What the current call used: its CPU time, and the group's highest
+    /// memory use so far.
+    pub fn usage(&self) -> Usage {
+        let Some(c) = &self.cgroup else {
+            return Usage::default();
+        };
+        let Some(g) = &c.group else {
+            return Usage::default();
+        };
+        Usage {
+            cpu: self.call_cpu(),
+            peak_memory_bytes: c.pool.counters(g).peak_memory,
+        }
+    }
+
+    /// Freezes (or thaws) every process in the group. False when the
+    /// mechanism cannot, which leaves it to the caller.
+    pub fn freeze(&self, frozen: bool) -> bool {
+        match self.group() {
+            Some((pool, g)) => match pool.freeze(g, frozen) {
+                Some(Ok(())) => true,
+                Some(Err(e)) => {
+                    tracing::warn!(
+                        "cannot {} a cgroup: {e}",
+                        if frozen { "freeze" } else { "thaw" }
+                    );
+                    false
+                }
+                None => false,
+            },
+            None => false,
+        }
     }
 
     /// Kills every process still in the group (a backstop: the pid
@@ -198,7 +278,10 @@ impl Lease {
             memory: now.oom_kills > c.before.oom_kills,
             pids: now.pids_max_hits > c.before.pids_max_hits,
         };
-        c.before = now;
+        c.before = Counters {
+            cpu_usec: c.before.cpu_usec,
+            ..now
+        };
         fired
     }
 
@@ -237,7 +320,7 @@ mod tests {
 
     #[test]
     fn rlimit_mode_leases_hold_no_group() {
-        let e = Enforcer::rlimits_only(u32::MAX, "test");
+        let e = Enforcer::rlimits_only("test");
         assert_eq!(e.mechanism(), Mechanism::Rlimits);
         assert!(e.describe().contains("test"));
         let l = Limits::resolve(Default::default());

@@ -1,7 +1,11 @@
-//! rlimits: the per-process limits set on bubblewrap before it builds the
-//! sandbox, inherited by everything it starts. Always CPU time, file size,
-//! open files and core dumps; memory (RLIMIT_DATA) and processes
-//! (RLIMIT_NPROC) too when no cgroup enforces them.
+//! rlimits: per-process limits. Those set on bubblewrap before it builds the
+//! sandbox are inherited by everything it starts: always CPU time, file
+//! size, open files and core dumps, and memory (RLIMIT_DATA) when no cgroup
+//! enforces it. The process limit (RLIMIT_NPROC), when no cgroup enforces
+//! it, is set instead on the sandbox's init once its user namespace exists:
+//! the kernel (5.14 and later) then counts only the processes of that
+//! namespace, where set on bubblewrap it would count every process the
+//! host user has, and fail under load.
 
 use crate::environment::Limits;
 
@@ -16,23 +20,32 @@ pub struct Rlimit {
 /// Which rlimits a run gets.
 #[derive(Debug)]
 pub(super) struct Policy {
-    /// Set when memory and processes are limited by rlimits: the number of
-    /// processes the sandbox's host uid had at start-up. RLIMIT_NPROC counts
-    /// every process of the uid, so the limit is set relative to those.
-    nproc_baseline: Option<u64>,
+    /// Memory and processes are limited by rlimits (no cgroup does).
+    memory_and_processes: bool,
 }
 
 impl Policy {
     pub(super) fn with_cgroups() -> Policy {
         Policy {
-            nproc_baseline: None,
+            memory_and_processes: false,
         }
     }
 
-    pub(super) fn without_cgroups(sandbox_uid: u32) -> Policy {
+    pub(super) fn without_cgroups() -> Policy {
         Policy {
-            nproc_baseline: Some(count_processes_of(sandbox_uid)),
+            memory_and_processes: true,
         }
+    }
+
+    /// The rlimits for the sandbox's init, set once its user namespace exists.
+    pub(super) fn for_init(&self, limits: &Limits) -> Vec<Rlimit> {
+        if !self.memory_and_processes {
+            return Vec::new();
+        }
+        vec![Rlimit {
+            resource: rustix::process::Resource::Nproc,
+            value: limits.pids,
+        }]
     }
 
     pub(super) fn for_limits(&self, limits: &Limits) -> Vec<Rlimit> {
@@ -55,36 +68,14 @@ impl Policy {
                 value: 0,
             },
         ];
-        if let Some(baseline) = self.nproc_baseline {
+        if self.memory_and_processes {
             out.push(Rlimit {
                 resource: Resource::Data,
                 value: limits.memory_bytes,
             });
-            out.push(Rlimit {
-                resource: Resource::Nproc,
-                value: baseline + limits.pids,
-            });
         }
         out
     }
-}
-
-/// Processes currently owned by `uid` (for the RLIMIT_NPROC baseline).
-fn count_processes_of(uid: u32) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| e.metadata().map(|m| m.uid() == uid).unwrap_or(false))
-        .count() as u64
 }
 
 #[cfg(test)]
@@ -97,10 +88,19 @@ mod tests {
         let l = Limits::resolve(Default::default());
         let with = Policy::with_cgroups().for_limits(&l);
         assert!(!with.iter().any(|r| r.resource == Resource::Data));
-        let without = Policy::without_cgroups(u32::MAX).for_limits(&l);
-        let get = |res| without.iter().find(|r| r.resource == res).unwrap().value;
+        assert!(Policy::with_cgroups().for_init(&l).is_empty());
+        let without = Policy::without_cgroups();
+        let on_bwrap = without.for_limits(&l);
+        let get = |res| on_bwrap.iter().find(|r| r.resource == res).unwrap().value;
         assert_eq!(get(Resource::Data), l.memory_bytes);
-        assert_eq!(get(Resource::Nproc), l.pids);
         assert_eq!(get(Resource::Cpu), l.cpu_seconds);
+        // Never on bubblewrap, where it would count the host user's processes.
+        assert!(!on_bwrap.iter().any(|r| r.resource == Resource::Nproc));
+        let on_init = without.for_init(&l);
+        assert_eq!(on_init.len(), 1);
+        assert_eq!(
+            (on_init[0].resource, on_init[0].value),
+            (Resource::Nproc, l.pids)
+        );
     }
 }

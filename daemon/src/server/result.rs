@@ -105,6 +105,8 @@ pub fn output_schema() -> Map<String, Value> {
             "stdout": t("string"),
             "stderr": t("string"),
             "duration_ms": t("integer"),
+            "cpu_ms": t("integer"),
+            "peak_memory_bytes": t("integer"),
             "timed_out": t("boolean"),
             "limit": t("string"),
             "limits_reached": {"type": "array", "items": t("string")},
@@ -189,7 +191,7 @@ pub fn run_error(o: &Outcome, limits: &Limits) -> Option<ToolError> {
             return e(
                 ErrorCode::CpuLimit,
                 format!(
-                    "a process used more than {} s of CPU time and was stopped",
+                    "the run used more than its {} s of CPU time and was stopped",
                     limits.cpu_seconds
                 ),
                 "Do less computation per call.",
@@ -289,6 +291,7 @@ pub fn run_result(
     if let Some(limit) = o.limit {
         v["limit"] = json!(limit.as_str());
     }
+    add_usage(&mut v, o);
     if let Some(e) = &err {
         v["error"] = e.to_json();
     }
@@ -297,6 +300,35 @@ pub fn run_result(
     }
     let text = run_text(env, o, err.as_ref(), session);
     tool_result(v, text, err.is_some())
+}
+
+/// CPU time and peak memory, where they were counted.
+fn add_usage(v: &mut Value, o: &Outcome) {
+    if let Some(cpu) = o.usage.cpu {
+        v["cpu_ms"] = json!(cpu.as_millis() as u64);
+    }
+    if let Some(peak) = o.usage.peak_memory_bytes {
+        v["peak_memory_bytes"] = json!(peak);
+    }
+}
+
+/// "cpu 120 ms, peak memory 45.2 MiB", or what of it was counted.
+fn usage_text(o: &Outcome) -> String {
+    let mut parts = Vec::new();
+    if let Some(cpu) = o.usage.cpu {
+        parts.push(format!("cpu {} ms", cpu.as_millis()));
+    }
+    if let Some(peak) = o.usage.peak_memory_bytes {
+        parts.push(format!(
+            "peak memory {:.1} MiB",
+            peak as f64 / (1 << 20) as f64
+        ));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
 }
 
 fn run_text(
@@ -312,14 +344,15 @@ fn run_text(
         (Some(c), None) => format!("exit {c}"),
         (None, None) => "no exit status".to_string(),
     };
+    let usage = usage_text(o);
     let mut t = match session {
         Some(s) => format!(
-            "[{env}, session {} {}] {status} in {} ms\n",
+            "[{env}, session {} {}] {status} in {} ms{usage}\n",
             s.name,
             s.state,
             o.duration.as_millis()
         ),
-        None => format!("[{env}] {status} in {} ms\n", o.duration.as_millis()),
+        None => format!("[{env}] {status} in {} ms{usage}\n", o.duration.as_millis()),
     };
     if let Some(why) = session.and_then(|s| s.restarted_because) {
         t.push_str(&format!(
@@ -436,6 +469,7 @@ pub fn job_status(job: &Job, stdout: &Chunk, stderr: &Chunk) -> CallToolResult {
                 if let Some(l) = o.limit {
                     v["limit"] = json!(l.as_str());
                 }
+                add_usage(&mut v, &o);
                 err = run_error(&o, &job.limits);
             }
             Some(Ending::Failed(message)) => {
@@ -534,6 +568,7 @@ mod tests {
             cancelled: false,
             limit,
             limits_reached: limit.into_iter().collect(),
+            usage: Default::default(),
         }
     }
 

@@ -371,6 +371,8 @@ async fn run_call(
 ) -> (Outcome, Option<Reset>) {
     let limits = env.limits;
     let start = Instant::now();
+    sandbox.resume();
+    sandbox.begin_call();
     let watched = supervise(
         sandbox,
         &mut agent::Call::new(id, code),
@@ -382,6 +384,11 @@ async fn run_call(
     )
     .await;
     let fired = sandbox.fired();
+    let usage = sandbox.call_usage();
+    if !watched.end.sandbox_ended() {
+        // Nothing the code left running may use the CPU until the next call.
+        sandbox.pause();
+    }
     let cancelled = matches!(watched.end, End::Cancelled);
     let killed = (None, Some(libc::SIGKILL));
     let ((exit_code, signal), ours, exited) = match &watched.end {
@@ -389,6 +396,7 @@ async fn run_call(
         End::Exited(e) => (crate::exec::interpret_exit(e.status), None, false),
         End::Timeout => (killed, Some(LimitKind::Timeout), false),
         End::Output => (killed, Some(LimitKind::Output), false),
+        End::Cpu => (killed, Some(LimitKind::Cpu), false),
         End::Cancelled | End::ReplyOverflow => (killed, None, false),
         End::Broken => ((None, None), None, false),
     };
@@ -402,6 +410,7 @@ async fn run_call(
         cancelled,
         limit: None,
         limits_reached: Vec::new(),
+        usage,
     };
     attribute_limits(&mut outcome, ours, fired);
     let killed = |cause: String| {
@@ -438,6 +447,10 @@ async fn run_call(
         End::Output => killed(format!(
             "a call wrote more than {} MiB of output",
             limits.output_limit_bytes >> 20
+        )),
+        End::Cpu => killed(format!(
+            "a call used more than its {} s of CPU time",
+            limits.cpu_seconds
         )),
         End::ReplyOverflow => killed(format!(
             "the code wrote to the session's control channel (more than {} bytes in a line or {} KiB in a call)",

@@ -1,0 +1,86 @@
+"""Sustained load through the real binary, with limits on: back-to-back calls
+with 1 and 8 in flight must all run (no `sandbox_unavailable`), whatever
+else the user running the server has running; a fork bomb is still held.
+test-local.sh runs this file as a non-root user too, where the server has no
+cgroup and limits processes with RLIMIT_NPROC inside each sandbox."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import anyio
+import pytest
+
+from harness import call, dump, run_async, session, write_config
+
+LOAD = write_config("[defaults]\npids = 64\n[server]\nmax_concurrent_runs = 8\nmax_queued_runs = 64\n")
+
+
+async def back_to_back(in_flight: int, seconds: float) -> tuple[int, list[dict]]:
+    """Calls with `in_flight` always outstanding, for `seconds`; returns the
+    number of calls and the failed results."""
+    done = 0
+    failures: list[dict] = []
+    async with session(config=LOAD) as s:
+        deadline = time.monotonic() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.monotonic() < deadline:
+                sc, _, err = await call(s, "bash", "true")
+                done += 1
+                if err:
+                    failures.append(sc)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(in_flight):
+                tg.start_soon(worker)
+    return done, failures
+
+
+@pytest.mark.parametrize("in_flight", [1, 8])
+@pytest.mark.parametrize("limits", ["auto", "rlimits"])
+def test_back_to_back_calls_all_run(in_flight, limits, monkeypatch):
+    monkeypatch.setenv("NIX_SANDBOX_LIMITS", limits)
+    done, failures = run_async(back_to_back, in_flight, 3.0)
+    assert done > 10, done
+    assert failures == [], dump(failures[:3])
+
+
+def test_many_processes_of_the_same_user_do_not_stop_runs():
+    """The process limit counts the sandbox's own processes, not the host
+    user's: a thousand more processes of the user running the server change
+    nothing."""
+    extra = [subprocess.Popen(["sleep", "60"]) for _ in range(1000)]
+    try:
+        async def t():
+            async with session(config=LOAD) as s:
+                for _ in range(5):
+                    sc, _, err = await call(s, "bash", "for i in 1 2 3 4 5 6 7 8; do sleep 0.1 & done; wait; echo ran")
+                    assert not err and sc["stdout"] == "ran\n", dump(sc)
+        run_async(t)
+    finally:
+        for p in extra:
+            p.kill()
+        for p in extra:
+            p.wait()
+
+
+def test_the_process_limit_still_holds_with_many_host_processes():
+    extra = [subprocess.Popen(["sleep", "60"]) for _ in range(300)]
+    try:
+        async def t():
+            async with session(config=write_config("[defaults]\npids = 16\ntimeout_ms = 10000\n")) as s:
+                code = ("import os, time\nn = 0\ntry:\n    while n < 100:\n        if os.fork() == 0:\n"
+                        "            time.sleep(5)\n            os._exit(0)\n        n += 1\n"
+                        "except OSError:\n    pass\nprint('started', n)\nos._exit(0)\n")
+                sc, _, _ = await call(s, "python", code)
+                started = int(sc["stdout"].split()[-1])
+                assert 0 < started < 16, dump(sc)
+        run_async(t)
+    finally:
+        for p in extra:
+            p.kill()
+        for p in extra:
+            p.wait()

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs inside the nsm-vm (started by run-tier.sh as dev or as root): the real
+# daemon, started each way a user may start it, must get a delegated cgroup v2
+# on its own (no manual systemd-run) and enforce memory, process and CPU
+# limits with it. Exits non-zero when a check fails.
+# Usage: limits-checks.sh PATH-TO-nix-sandbox-mcp
+set -uo pipefail
+bin=$(realpath "${1:?usage: limits-checks.sh PATH-TO-nix-sandbox-mcp}")
+user=(); [ "$(id -u)" = 0 ] || user=(--user)
+failures=0
+work=$(mktemp -d)
+cd "$work" || exit 1
+section() { printf '\n=== %s\n' "$*"; }
+check() { # check DESCRIPTION COMMAND...: runs the command, reports
+  if "${@:2}"; then echo "ok    $1"; else echo "FAIL  $1"; failures=$((failures + 1)); fi
+}
+
+printf '[defaults]\nmemory_mb = 64\npids = 24\ntimeout_ms = 20000\ncpus = 0.25\n' > limits.toml
+
+checks() { # checks LAUNCHER...: every check, with the daemon started through LAUNCHER
+  local launch=("$@")
+  mechanism=$("${launch[@]}" "$bin" --config limits.toml envs --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["limits_mechanism"])')
+  check "limits are enforced with cgroup v2 (got: $mechanism)" test "$mechanism" = "cgroup v2"
+
+  "${launch[@]}" "$bin" --config limits.toml run -e python 'x = []
+while True: x.append(bytearray(16 << 20))' >out 2>err
+  rc=$?
+  check "a memory bomb ends with the memory limit (exit $rc: $(tail -n1 err))" \
+    sh -c "[ $rc = 125 ] && grep -q 'memory limit' err"
+
+  "${launch[@]}" "$bin" --config limits.toml run -e python 'import os, time
+n = 0
+try:
+    while n < 100:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+except OSError:
+    pass
+print(n)
+os._exit(0)' >out 2>err
+  check "the process limit holds (started $(cat out) of 100)" sh -c '[ "$(cat out)" -lt 24 ]'
+
+  "${launch[@]}" "$bin" --config limits.toml run -e python 'import time
+wall, cpu = time.time(), time.process_time()
+while time.time() - wall < 2:
+    pass
+print(round(time.process_time() - cpu, 2))' >out 2>err
+  check "a quarter of a core gives a busy loop about a quarter of its time (cpu $(cat out) s in 2 s)" \
+    python3 -c "import sys; sys.exit(0 if float(open('out').read()) < 1.2 else 1)"
+}
+
+section "$(id -un) (uid $(id -u)): $(systemctl --version | head -n1), kernel $(uname -r)"
+echo "login cgroup: $(cat /proc/self/cgroup)"
+
+section "started from the login session (the daemon asks systemd for a delegated scope)"
+checks env
+
+section "started in a delegated scope (systemd-run ${user[*]} --scope -p Delegate=yes)"
+checks systemd-run "${user[@]}" --quiet --scope -p Delegate=yes
+
+rm -rf "$work"
+[ "$failures" = 0 ] || { echo "$failures check(s) failed"; exit 1; }
