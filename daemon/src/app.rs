@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::AuditLog;
 use crate::config::{self, Config, ProjectMode};
 use crate::environment::{Environment, InterpreterKind};
-use crate::exec::{Executor, Queue, Request};
+use crate::exec::{Bounds, Executor, Queue, Request};
 use crate::jail::ProjectMount;
 use crate::jobs::JobLimits;
 use crate::limits::Enforcer;
@@ -140,12 +140,19 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
     if prestart {
         enforcer.warm(max_running);
     }
+    let memory_budget_mib = config
+        .server
+        .memory_budget_mb
+        .map_or_else(crate::exec::default_budget_mib, |m| m.0);
     Ok(Executor::new(
         Arc::new(platform),
         enforcer,
-        max_running,
-        max_queued,
-        if prestart { max_running } else { 0 },
+        Bounds {
+            max_running,
+            max_waiting: max_queued,
+            prestart: if prestart { max_running } else { 0 },
+            memory_budget_mib,
+        },
     ))
 }
 
@@ -191,6 +198,8 @@ pub fn self_test_env(config_defaults: crate::config::LimitSettings) -> Environme
         config_defaults,
     );
     env.limits.timeout = std::time::Duration::from_secs(20);
+    // Echoing needs little; a small share fits any memory budget.
+    env.limits.memory_bytes = 64 << 20;
     env
 }
 

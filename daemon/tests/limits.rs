@@ -434,13 +434,19 @@ async fn cancelling_kills_the_sandbox_promptly() {
 
 #[tokio::test]
 async fn rlimit_fallback_still_bounds_memory_and_processes() {
-    use nix_sandbox_mcp::exec::Executor;
+    use nix_sandbox_mcp::exec::{Bounds, Executor};
     use nix_sandbox_mcp::limits::Enforcer;
     use nix_sandbox_mcp::platform::Platform;
     let platform = Platform::probe().unwrap();
     let enforcer = Enforcer::rlimits_only("forced by the test");
     assert_eq!(enforcer.mechanism(), Mechanism::Rlimits);
-    let executor = Executor::new(Arc::new(platform), enforcer, 2, 2, 0);
+    let bounds = Bounds {
+        max_running: 2,
+        max_waiting: 2,
+        prestart: 0,
+        memory_budget_mib: 4096,
+    };
+    let executor = Executor::new(Arc::new(platform), enforcer, bounds);
     let go = |env: &nix_sandbox_mcp::environment::Environment, code: &str| {
         let code = code.as_bytes().to_vec();
         let env = env.clone();

@@ -97,6 +97,8 @@ let
     in
     if !builtins.isAttrs value then
       fail key "expected a table, got ${show value}"
+    else if builtins.any (name: !(value ? ${name})) (s.required or [ ]) then
+      fail key "missing ${builtins.head (builtins.filter (name: !(value ? ${name})) s.required)}"
     else
       builtins.mapAttrs (
         name: v:

@@ -6,6 +6,8 @@ cgroup and limits processes with RLIMIT_NPROC inside each sandbox."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import time
 
@@ -84,3 +86,41 @@ def test_the_process_limit_still_holds_with_many_host_processes():
             p.kill()
         for p in extra:
             p.wait()
+
+
+def test_the_memory_budget_bounds_what_runs_at_once():
+    """Sandboxes alive at once promise at most the memory budget: with room
+    for one 128 MiB sandbox, a second run waits for the first to end."""
+    config = write_config("[defaults]\nmemory_mb = 128\n[server]\nmemory_budget_mb = 200\nmax_concurrent_runs = 4\n")
+    first = "import time\ntime.sleep(2)\nprint(time.time())"
+    second = "import time\nprint(time.time())"
+
+    async def t():
+        async with session(config=config) as s:
+            results = {}
+
+            async def go(name, code):
+                results[name] = await call(s, "python", code)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(go, "first", first)
+                await anyio.sleep(0.5)
+                tg.start_soon(go, "second", second)
+            (a, _, a_err), (b, _, b_err) = results["first"], results["second"]
+            assert not a_err and not b_err, dump(results)
+            assert float(b["stdout"]) >= float(a["stdout"]), dump(results)
+    run_async(t)
+
+
+def test_an_environment_larger_than_the_budget_is_dropped_with_the_fix():
+    """An environment whose memory limit the budget could never hold is not
+    offered; the warning says why and what to change."""
+    config = write_config("[server]\nmemory_budget_mb = 256\n[environments.small]\npreset = \"bash\"\nmemory_mb = 64\n"
+                          "[environments.big]\npreset = \"bash\"\nmemory_mb = 512\n")
+    import harness
+    params = harness.server_params(config=config)
+    out = subprocess.run([harness.BIN, "--config", config, "envs", "--json"], env={**os.environ, **(params.env or {})},
+                         capture_output=True, check=True)
+    listing = json.loads(out.stdout)
+    assert [e["name"] for e in listing["environments"]] == ["small"], dump(listing)
+    assert any("big" in w and "512 MiB" in w and "256 MiB" in w for w in listing["warnings"]), dump(listing["warnings"])

@@ -37,6 +37,9 @@ pub struct ServerSettings {
     pub max_concurrent_runs: Option<Positive>,
     /// Calls allowed to wait for a slot; beyond this a call fails at once with `busy`.
     pub max_queued_runs: Option<u32>,
+    /// The most memory, in MiB, that the memory limits of all sandboxes alive
+    /// at once (runs, jobs, sessions, those prepared ahead) may add up to.
+    pub memory_budget_mb: Option<Positive>,
     /// JSON Lines audit log; off when absent.
     pub audit_log: Option<AbsolutePath>,
     /// Also record the code of each run in the audit log.
@@ -130,6 +133,7 @@ pub enum ProjectMode {
 #[serde(deny_unknown_fields)]
 pub struct EnvironmentSettings {
     /// A bundled preset: `bash` (alias `shell`), `python` or `node`.
+    #[serde(default)]
     #[schemars(schema_with = "preset_schema")]
     pub preset: Option<String>,
     /// A host interpreter command; `{file}` stands for the code file (appended when absent).

@@ -1,6 +1,10 @@
 //! Admission: at most `running` sandboxes run calls at once and at most
 //! `max_waiting` calls wait for one; beyond that a call is refused at once
-//! (`busy`) instead of piling up. Sessions and jobs take slots here too.
+//! (`busy`) instead of piling up. Sessions and jobs take slots here too. And
+//! the memory budget: every sandbox alive (prepared ahead, running a call or
+//! a job, holding a session) reserves its memory limit from it for its whole
+//! life, so that together they never promise more memory than the server
+//! may use.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -78,5 +82,136 @@ struct Undo<'a>(&'a AtomicUsize);
 impl Drop for Undo<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The server's memory budget, in MiB.
+#[derive(Debug)]
+pub(super) struct Budget {
+    mib: Arc<Semaphore>,
+    total_mib: u64,
+}
+
+/// Part of the budget, held by one sandbox; dropping it gives it back.
+#[derive(Debug)]
+pub(super) struct Reservation(#[allow(dead_code)] OwnedSemaphorePermit);
+
+impl Budget {
+    pub(super) fn new(total_mib: u64) -> Budget {
+        let total_mib = total_mib.min(Semaphore::MAX_PERMITS as u64);
+        Budget {
+            mib: Arc::new(Semaphore::new(total_mib as usize)),
+            total_mib,
+        }
+    }
+
+    pub(super) fn total_mib(&self) -> u64 {
+        self.total_mib
+    }
+
+    /// `bytes` of the budget, if that much is free now.
+    pub(super) fn try_reserve(&self, bytes: u64) -> Option<Reservation> {
+        let mib = u32::try_from(mib_of(bytes))
+            .ok()
+            .filter(|m| u64::from(*m) <= self.total_mib)?;
+        self.mib
+            .clone()
+            .try_acquire_many_owned(mib)
+            .ok()
+            .map(Reservation)
+    }
+
+    /// Waits for `bytes` of the budget to be free (cancellable). Fails at
+    /// once when the budget could never hold that much.
+    pub(super) async fn reserve(
+        &self,
+        bytes: u64,
+        cancel: &CancellationToken,
+    ) -> Result<Reservation, ExecError> {
+        let mib = mib_of(bytes);
+        if mib > self.total_mib {
+            return Err(ExecError::OverBudget {
+                needed_mib: mib,
+                budget_mib: self.total_mib,
+            });
+        }
+        tokio::select! {
+            r = self.mib.clone().acquire_many_owned(mib as u32) => {
+                Ok(Reservation(r.expect("semaphore never closed")))
+            }
+            _ = cancel.cancelled() => Err(ExecError::CancelledWhileQueued),
+        }
+    }
+}
+
+fn mib_of(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
+}
+
+/// The default budget: half of the memory this process may use (the host's,
+/// or its cgroup's limit when lower), in MiB.
+pub fn default_budget_mib() -> u64 {
+    let host = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map(|kib| kib >> 10)
+        .unwrap_or(4096);
+    let own = own_cgroup_limit_mib().unwrap_or(u64::MAX);
+    (host.min(own) / 2).max(256)
+}
+
+/// The memory limit of this process's own cgroup, where one is set.
+fn own_cgroup_limit_mib() -> Option<u64> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |path: String| -> Option<u64> {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    };
+    cgroups.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let limit = if controllers.is_empty() {
+            read(format!("/sys/fs/cgroup{path}/memory.max"))
+        } else if controllers.split(',').any(|c| c == "memory") {
+            read(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"))
+        } else {
+            None
+        }?;
+        // "max", or v1's "no limit" (a page-rounded i64::MAX), parse as none.
+        (limit < 1 << 60).then_some(limit >> 20)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_budget_holds_what_sandboxes_reserve_and_refuses_what_cannot_fit() {
+        let budget = Budget::new(1024);
+        let a = budget.try_reserve(600 << 20).unwrap();
+        assert!(budget.try_reserve(600 << 20).is_none());
+        assert!(
+            budget.try_reserve(2048 << 20).is_none(),
+            "never more than the budget"
+        );
+        let cancel = CancellationToken::new();
+        assert!(matches!(
+            budget.reserve(2048 << 20, &cancel).await,
+            Err(ExecError::OverBudget {
+                needed_mib: 2048,
+                budget_mib: 1024
+            })
+        ));
+        drop(a);
+        assert!(budget.try_reserve(600 << 20).is_some());
+        assert!(default_budget_mib() >= 256);
     }
 }

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
-pub use admission::{Queue, Slot};
+pub use admission::{Queue, Slot, default_budget_mib};
 pub(crate) use outcome::attribute_limits;
 pub use outcome::{LimitKind, Outcome};
 pub use sandbox::Sandbox;
@@ -53,7 +53,7 @@ use crate::environment::Environment;
 use crate::jail::ProjectMount;
 use crate::limits::{Enforcer, Usage};
 use crate::platform::Platform;
-use admission::Admission;
+use admission::{Admission, Budget, Reservation};
 use prestart::Pool;
 use recipe::{Ingredients, Recipe, SeccompCache};
 use sandbox::{Control, Prepared};
@@ -82,6 +82,10 @@ pub enum ExecError {
         "the code is {size} bytes, larger than this environment's file size limit ({limit} bytes)"
     )]
     CodeTooLarge { size: usize, limit: u64 },
+    #[error(
+        "this environment's memory limit ({needed_mib} MiB) is larger than the server's memory budget ({budget_mib} MiB)"
+    )]
+    OverBudget { needed_mib: u64, budget_mib: u64 },
     #[error("cannot start the sandbox: {0}")]
     Spawn(String),
     /// bubblewrap ran but could not set the sandbox up; the program never started.
@@ -100,10 +104,25 @@ pub struct Request<'a> {
     pub observer: Option<Arc<dyn Observer>>,
 }
 
+/// How much the executor runs at once.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Calls running at once (`max_concurrent_runs`).
+    pub max_running: usize,
+    /// Calls waiting for a slot (`max_queued_runs`).
+    pub max_waiting: usize,
+    /// Sandboxes kept prepared per environment (0 for one-shot use).
+    pub prestart: usize,
+    /// What the memory limits of all live sandboxes may add up to, in MiB.
+    pub memory_budget_mib: u64,
+}
+
 /// A sandbox whose program keeps running and takes calls on a control
 /// channel (a session's agent).
 pub struct AgentRequest<'a> {
     pub env: &'a Environment,
+    /// Cancels the wait for a share of the memory budget.
+    pub cancel: &'a CancellationToken,
     pub project: Option<&'a ProjectMount>,
     pub inherited: &'a [(String, String)],
     /// The agent's source, run by the environment's interpreter.
@@ -135,6 +154,7 @@ struct Inner {
     enforcer: Enforcer,
     seccomp: SeccompCache,
     admission: Admission,
+    budget: Budget,
     pool: Arc<Pool>,
 }
 
@@ -142,20 +162,15 @@ impl Executor {
     /// `prestart` sandboxes are kept ready per environment registered with
     /// [`Executor::keep_ready_for`] (0 for one-shot use such as the CLI).
     /// Keeping them needs a tokio runtime.
-    pub fn new(
-        platform: Arc<Platform>,
-        enforcer: Enforcer,
-        max_running: usize,
-        max_waiting: usize,
-        prestart: usize,
-    ) -> Executor {
+    pub fn new(platform: Arc<Platform>, enforcer: Enforcer, bounds: Bounds) -> Executor {
         let executor = Executor {
             inner: Arc::new(Inner {
                 platform,
                 enforcer,
                 seccomp: SeccompCache::default(),
-                admission: Admission::new(max_running, max_waiting),
-                pool: Arc::new(Pool::new(prestart)),
+                admission: Admission::new(bounds.max_running, bounds.max_waiting),
+                budget: Budget::new(bounds.memory_budget_mib),
+                pool: Arc::new(Pool::new(bounds.prestart)),
             }),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -164,10 +179,19 @@ impl Executor {
                 runtime,
                 Box::new(move |recipe| {
                     let inner = owner.upgrade()?;
+                    let Some(reservation) =
+                        inner.budget.try_reserve(recipe.env.limits.memory_bytes)
+                    else {
+                        return Some(Err(std::io::ErrorKind::WouldBlock.into()));
+                    };
                     Some(
                         inner
                             .spawn(recipe, Vec::new())
-                            .and_then(|s| s.set_up(recipe, inner.platform.run_as)),
+                            .and_then(|s| s.set_up(recipe, inner.platform.run_as))
+                            .map(|p| Prepared {
+                                reservation: Some(reservation),
+                                ..p
+                            }),
                     )
                 }),
             );
@@ -237,7 +261,10 @@ impl Executor {
 
         let prepared = match self.inner.pool.take(&recipe.key) {
             Some(p) => p,
-            None => self.prepare_now(&recipe, Vec::new()).await?,
+            None => {
+                let reservation = self.reserve_memory(&limits, &req.cancel).await?;
+                self.prepare_now(&recipe, Vec::new(), reservation).await?
+            }
         };
         self.inner.pool.refill(&recipe);
         let prepared = with_code(prepared, req.code).await?;
@@ -339,8 +366,9 @@ impl Executor {
                 replies_w.as_raw_fd().to_string(),
             ],
         })?);
+        let reservation = self.reserve_memory(&req.env.limits, req.cancel).await?;
         let prepared = self
-            .prepare_now(&recipe, vec![requests_r, replies_w])
+            .prepare_now(&recipe, vec![requests_r, replies_w], reservation)
             .await?;
         let prepared = with_code(prepared, req.program).await?;
         let control = Control {
@@ -355,12 +383,38 @@ impl Executor {
             .map_err(|e| io("session start", e))
     }
 
+    /// Reserves a sandbox's share of the memory budget, taking prepared
+    /// sandboxes out of the pool to free it if need be, else waiting for
+    /// running ones to end.
+    async fn reserve_memory(
+        &self,
+        limits: &crate::environment::Limits,
+        cancel: &CancellationToken,
+    ) -> Result<Reservation, ExecError> {
+        let budget = &self.inner.budget;
+        loop {
+            if let Some(r) = budget.try_reserve(limits.memory_bytes) {
+                return Ok(r);
+            }
+            match self.inner.pool.evict_one() {
+                Some(waiting) => waiting.discard().await,
+                None => return budget.reserve(limits.memory_bytes, cancel).await,
+            }
+        }
+    }
+
+    /// The memory budget, in MiB.
+    pub fn memory_budget_mib(&self) -> u64 {
+        self.inner.budget.total_mib()
+    }
+
     /// Sets a sandbox up for `recipe` now, giving bubblewrap `extra`
     /// descriptors to pass on to the command.
     async fn prepare_now(
         &self,
         recipe: &Arc<Recipe>,
         extra: Vec<OwnedFd>,
+        reservation: Reservation,
     ) -> Result<Prepared, ExecError> {
         let spawned = self
             .inner
@@ -368,10 +422,14 @@ impl Executor {
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
         let recipe = recipe.clone();
         let run_as = self.inner.platform.run_as;
-        tokio::task::spawn_blocking(move || spawned.set_up(&recipe, run_as))
+        let prepared = tokio::task::spawn_blocking(move || spawned.set_up(&recipe, run_as))
             .await
             .map_err(|e| ExecError::Spawn(e.to_string()))?
-            .map_err(|e| ExecError::Spawn(e.to_string()))
+            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+        Ok(Prepared {
+            reservation: Some(reservation),
+            ..prepared
+        })
     }
 
     /// Waits for a run slot (see `max_concurrent_runs`), or fails at once

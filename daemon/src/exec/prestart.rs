@@ -80,6 +80,8 @@ impl Pool {
                     r.starting -= 1;
                     match prepared {
                         Ok(p) => r.sandboxes.push(p),
+                        // The memory budget is in use; calls prepare their own.
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => tracing::warn!("cannot prepare a sandbox ahead of time: {e}"),
                     }
                 }
@@ -136,6 +138,17 @@ impl Pool {
             }
             r.starting += 1;
         }
+    }
+
+    /// Takes a waiting sandbox out of the pool (to free its share of the
+    /// memory budget for a call that needs it): one of the recipe with the
+    /// most waiting.
+    pub(super) fn evict_one(&self) -> Option<Prepared> {
+        let mut ready = self.ready.lock().unwrap();
+        ready
+            .values_mut()
+            .max_by_key(|r| r.sandboxes.len())
+            .and_then(|r| r.sandboxes.pop())
     }
 
     /// Stops preparing (waiting for the sandbox being prepared, if any) and

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::net::unix::pipe;
 
+use super::admission::Reservation;
 use super::spawn::{Exit, Process, Watched};
 use super::status::Status;
 use crate::limits::{Fired, Lease, Usage};
@@ -35,6 +36,8 @@ pub(super) struct Prepared {
     pub(super) status: Status,
     pub(super) stdout: OwnedFd,
     pub(super) stderr: OwnedFd,
+    /// Its share of the server's memory budget, held for its whole life.
+    pub(super) reservation: Option<Reservation>,
 }
 
 impl Prepared {
@@ -68,6 +71,7 @@ impl Prepared {
             process: self.process,
             init: self.init,
             lease: self.lease,
+            _reservation: self.reservation,
             paused: None,
             call_cpu_start: None,
             status: self.status,
@@ -104,6 +108,7 @@ pub struct Sandbox {
     pub(super) process: Process,
     pub(super) init: Option<Watched>,
     pub(super) lease: Lease,
+    _reservation: Option<Reservation>,
     /// How the sandbox was paused, if it is.
     paused: Option<Pause>,
     /// CPU time its processes had used when the current call began, where

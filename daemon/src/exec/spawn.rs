@@ -173,6 +173,7 @@ impl Spawned {
             status,
             stdout: self.stdout,
             stderr: self.stderr,
+            reservation: None,
         })
     }
 }

@@ -540,6 +540,11 @@ pub fn exec_error(e: &ExecError) -> ToolError {
             e.to_string(),
             "Send less code: generate large data inside the sandbox instead of inlining it.",
         ),
+        ExecError::OverBudget { .. } => ToolError::new(
+            ErrorCode::SandboxUnavailable,
+            e.to_string(),
+            "This is the server's configuration, not the code: tell the user to raise [server] memory_budget_mb or lower the environment's memory_mb.",
+        ),
         ExecError::Spawn(_) | ExecError::Setup(_) => ToolError::new(
             ErrorCode::SandboxUnavailable,
             e.to_string(),

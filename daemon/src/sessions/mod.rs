@@ -149,7 +149,7 @@ impl Sessions {
             }
         };
         if state.agent.is_none() {
-            match self.start_agent(env, kind).await {
+            match self.start_agent(env, kind, cancel).await {
                 Ok(agent) => state.agent = Some(agent),
                 Err(e) => {
                     self.forget_unstarted(name, &session, &state);
@@ -242,11 +242,13 @@ impl Sessions {
         &self,
         env: &Environment,
         kind: InterpreterKind,
+        cancel: &CancellationToken,
     ) -> Result<Sandbox, SessionError> {
         let mut sandbox = self
             .executor
             .start_agent(AgentRequest {
                 env,
+                cancel,
                 project: self.project.as_ref(),
                 inherited: &self.inherited,
                 program: agent::program_for(kind).as_bytes(),
