@@ -73,6 +73,6 @@ fi
 
 step "VM tier: the daemon as a user and as root under systemd with cgroup v2"
 # Runs when the VM image of ../shared/vm exists (it prints SKIP otherwise).
-NSM_VM_ACCEL=${NSM_VM_ACCEL:-tcg} tests/vm/run-tier.sh
+tests/vm/run-tier.sh
 
 printf '\nall tests passed in %ss\n' "$((SECONDS - start))"

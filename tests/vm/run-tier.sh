@@ -31,6 +31,12 @@ if [ ! -x "$run_vm" ]; then
   exit 0
 fi
 
+# Software emulation where KVM cannot boot the image (no /dev/kvm, or a PVM
+# host, see ../shared/vm/README.md).
+if [ -z "${NSM_VM_ACCEL:-}" ] && { [ ! -w /dev/kvm ] || [ -d /sys/module/kvm_pvm ]; }; then
+  export NSM_VM_ACCEL=tcg
+fi
+
 cargo build --quiet --bin nix-sandbox-mcp
 [ $# -gt 0 ] || set -- bash tests/vm/limits-checks.sh target/debug/nix-sandbox-mcp
 
