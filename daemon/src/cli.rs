@@ -2,6 +2,7 @@
 //! Parses arguments with clap, sets up logging on stderr, and drives the
 //! other modules; holds no sandbox logic of its own.
 
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,8 +55,11 @@ ENVIRONMENT
 
 EXIT STATUS
     run exits with the program's own status; 124 when it timed out, 125 when a
-    limit other than time ended it, 126 when the sandbox could not start.
+    limit other than time ended it, 126 when the sandbox could not start, 2
+    when there is no code to run (empty or only whitespace), 141 when its
+    standard output was closed early (as by `| head`), which ends the run.
     doctor exits 0 when sandboxing works, 1 otherwise.
+    Every command that prints stops quietly when its output is closed.
 
 EXAMPLES
     nix-sandbox-mcp --stdio
@@ -92,8 +96,9 @@ enum Command {
     /// Run code once in an environment's sandbox and stream its output
     ///
     /// The code comes from the CODE argument, from a file (-f), or from
-    /// standard input (CODE is `-`). Output streams to the terminal as it is
-    /// produced; the exit status is the program's own.
+    /// standard input (CODE is `-`); code that is empty or only whitespace is
+    /// refused (exit status 2), as it is over MCP. Output streams to the
+    /// terminal as it is produced; the exit status is the program's own.
     Run {
         /// Environment to run in (see `envs`)
         #[arg(short, long, value_name = "NAME", required_unless_present = "artifact")]
@@ -201,11 +206,9 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Some(Command::Doctor) => crate::doctor::run(&opts).await,
         Some(Command::Schema) => {
             let schema = crate::config::json_schema();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&schema).unwrap_or_default()
-            );
-            ExitCode::SUCCESS
+            let mut out = Out::default();
+            out.print(&(serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"));
+            out.finish(ExitCode::SUCCESS)
         }
     }
 }
@@ -213,6 +216,39 @@ async fn dispatch(cli: Cli) -> ExitCode {
 fn fail(e: impl std::fmt::Display) -> ExitCode {
     eprintln!("nix-sandbox-mcp: {e}");
     ExitCode::from(1)
+}
+
+/// Standard output of the commands that print. A reader that goes away
+/// early (`envs | head`) is not an error: printing stops quietly, as it
+/// would in a Unix filter, and the command ends normally.
+#[derive(Default)]
+struct Out {
+    closed: bool,
+    failed: bool,
+}
+
+impl Out {
+    fn print(&mut self, text: &str) {
+        if self.closed {
+            return;
+        }
+        let mut stdout = std::io::stdout().lock();
+        if let Err(e) = stdout
+            .write_all(text.as_bytes())
+            .and_then(|_| stdout.flush())
+        {
+            self.closed = true;
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                self.failed = true;
+                eprintln!("nix-sandbox-mcp: cannot write to standard output: {e}");
+            }
+        }
+    }
+
+    /// `code`, unless writing failed for a reason other than a closed pipe.
+    fn finish(&self, code: ExitCode) -> ExitCode {
+        if self.failed { ExitCode::from(1) } else { code }
+    }
 }
 
 async fn serve_stdio(opts: &StartOptions) -> ExitCode {
@@ -274,20 +310,36 @@ async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Echoes a run's output to the terminal as it arrives.
-struct Echo;
+/// Echoes a run's output to the terminal as it arrives. When standard
+/// output is closed (`run … | head`), the run is cancelled, as a pipeline's
+/// SIGPIPE would end the program.
+struct Echo {
+    stdout_closed: std::sync::atomic::AtomicBool,
+    cancel: CancellationToken,
+}
 
 impl Observer for Echo {
     fn output(&self, stream: Stream, data: &[u8]) {
-        let _ = match stream {
-            Stream::Stdout => std::io::stdout()
-                .lock()
-                .write_all(data)
-                .and_then(|_| std::io::stdout().flush()),
-            Stream::Stderr => std::io::stderr().lock().write_all(data),
-        };
+        match stream {
+            Stream::Stdout => {
+                let mut stdout = std::io::stdout().lock();
+                if let Err(e) = stdout.write_all(data).and_then(|_| stdout.flush())
+                    && e.kind() == std::io::ErrorKind::BrokenPipe
+                {
+                    self.stdout_closed
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.cancel.cancel();
+                }
+            }
+            Stream::Stderr => {
+                let _ = std::io::stderr().lock().write_all(data);
+            }
+        }
     }
 }
+
+/// How to pass code to `run`, for messages about missing code.
+const HOW_TO_PASS_CODE: &str = "pass the program text as the CODE argument, in a file with -f FILE, or on standard input with `-`";
 
 async fn run_once(
     opts: &StartOptions,
@@ -296,22 +348,37 @@ async fn run_once(
     file: Option<PathBuf>,
     code: Option<String>,
 ) -> ExitCode {
-    let code = match (file, code.as_deref()) {
-        (Some(f), _) => std::fs::read(&f).map_err(|e| format!("cannot read {}: {e}", f.display())),
+    let (code, source) = match (file, code.as_deref()) {
+        (Some(f), _) => (
+            std::fs::read(&f).map_err(|e| format!("cannot read {}: {e}", f.display())),
+            format!("the file {}", f.display()),
+        ),
         (None, Some("-")) => {
             let mut buf = Vec::new();
-            std::io::stdin()
+            let read = std::io::stdin()
                 .read_to_end(&mut buf)
                 .map(|_| buf)
-                .map_err(|e| format!("cannot read standard input: {e}"))
+                .map_err(|e| format!("cannot read standard input: {e}"));
+            (read, "standard input".to_string())
         }
-        (None, Some(c)) => Ok(c.as_bytes().to_vec()),
-        (None, None) => Err("no code given".to_string()),
+        (None, Some(c)) => (Ok(c.as_bytes().to_vec()), "the CODE argument".to_string()),
+        (None, None) => (Ok(Vec::new()), "the command line".to_string()),
     };
     let code = match code {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // The same rule as the MCP tool's: code that is empty or only
+    // whitespace is a mistake, not a program.
+    if String::from_utf8_lossy(&code).trim().is_empty() {
+        let what = if code.is_empty() {
+            "is empty"
+        } else {
+            "holds only whitespace"
+        };
+        eprintln!("nix-sandbox-mcp: no code to run: {source} {what}; {HOW_TO_PASS_CODE}");
+        return ExitCode::from(2);
+    }
     let app = match app::start(&StartOptions {
         load_environments: artifact_dir.is_none(),
         quick: true,
@@ -340,6 +407,10 @@ async fn run_once(
     };
     let inherited = crate::config::read_inherited(&app.config.project.inherit_names());
     let cancel = CancellationToken::new();
+    let echo = Arc::new(Echo {
+        stdout_closed: Default::default(),
+        cancel: cancel.clone(),
+    });
     let interrupt = cancel.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
@@ -354,7 +425,7 @@ async fn run_once(
             project: app.project.as_ref(),
             inherited: &inherited,
             cancel,
-            observer: Some(Arc::new(Echo)),
+            observer: Some(echo.clone()),
         })
         .await;
     app.executor.shutdown().await;
@@ -380,6 +451,12 @@ async fn run_once(
             125
         });
     }
+    if echo
+        .stdout_closed
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return ExitCode::from(141);
+    }
     if o.cancelled {
         return ExitCode::from(130);
     }
@@ -392,6 +469,7 @@ async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
         Err(e) => return fail(e),
     };
     let mechanism = app.executor.enforcer().describe();
+    let mut text = String::new();
     if json {
         let envs: Vec<serde_json::Value> = app
             .registry
@@ -418,14 +496,15 @@ async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             "warnings": app.registry.warnings,
             "sources": app.registry.sources.iter().map(|(name, about)| serde_json::json!({"name": name, "about": about})).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        text = serde_json::to_string_pretty(&out).unwrap_or_default() + "\n";
     } else {
         for e in app.registry.iter() {
             let l = &e.limits;
-            println!("{}\n    {}", e.name, e.description);
-            println!("    source:      {}", e.origin);
-            println!("    interpreter: {}", e.interpreter.join(" "));
-            println!(
+            let _ = writeln!(text, "{}\n    {}", e.name, e.description);
+            let _ = writeln!(text, "    source:      {}", e.origin);
+            let _ = writeln!(text, "    interpreter: {}", e.interpreter.join(" "));
+            let _ = writeln!(
+                text,
                 "    limits:      timeout {} ms, memory {} MiB, {} processes, cpu {} s, files {} MiB, {} open files, workspace {} MiB, output {} B kept per stream, killed past {} MiB",
                 l.timeout.as_millis(),
                 l.memory_bytes >> 20,
@@ -437,30 +516,41 @@ async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
                 l.output_bytes,
                 l.output_limit_bytes >> 20
             );
-            println!("    network:     {}", if e.network { "on" } else { "off" });
+            let _ = writeln!(
+                text,
+                "    network:     {}",
+                if e.network { "on" } else { "off" }
+            );
         }
         for (alias, target) in app.registry.aliases() {
-            println!("({alias} is another name for {target})");
+            let _ = writeln!(text, "({alias} is another name for {target})");
         }
-        println!("limits enforced with: {mechanism}");
+        let _ = writeln!(text, "limits enforced with: {mechanism}");
         match (&app.project, &app.project_note) {
-            (Some(p), _) => println!(
-                "project: {} at {} ({})",
-                p.host_path.display(),
-                p.mount_point,
-                if p.writable {
+            (Some(p), _) => {
+                let mode = if p.writable {
                     "read-write"
                 } else {
                     "read-only"
-                }
-            ),
-            (None, Some(note)) => println!("project: {note}"),
+                };
+                let _ = writeln!(
+                    text,
+                    "project: {} at {} ({mode})",
+                    p.host_path.display(),
+                    p.mount_point
+                );
+            }
+            (None, Some(note)) => {
+                let _ = writeln!(text, "project: {note}");
+            }
             (None, None) => {}
         }
         for w in &app.registry.warnings {
-            println!("warning: {w}");
+            let _ = writeln!(text, "warning: {w}");
         }
     }
     app.executor.shutdown().await;
-    ExitCode::SUCCESS
+    let mut out = Out::default();
+    out.print(&text);
+    out.finish(ExitCode::SUCCESS)
 }

@@ -455,3 +455,70 @@ fn a_client_that_leaves_at_once_gets_a_clean_shutdown() {
         assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
     }
 }
+
+/// Runs the binary with its standard output already closed, as when piped
+/// into `head` that has exited.
+fn with_closed_stdout(c: &mut Command) -> Output {
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_closed_standard_output_ends_every_command_quietly() {
+    for args in [&["schema"][..], &["envs"], &["envs", "--json"], &["--help"]] {
+        let o = with_closed_stdout(&mut cli(args));
+        let e = text(&o.stderr);
+        assert!(
+            !e.contains("panicked") && !e.contains("Broken pipe"),
+            "{args:?}: {e}"
+        );
+        assert!(
+            o.status.code().is_some(),
+            "{args:?} was killed: {:?}",
+            o.status
+        );
+    }
+    // A run whose output nobody reads any more is ended, as SIGPIPE would.
+    let t = Instant::now();
+    let o = with_closed_stdout(&mut cli(&["run", "-e", "bash", "yes"]));
+    assert_eq!(o.status.code(), Some(141), "{}", text(&o.stderr));
+    assert!(!text(&o.stderr).contains("panicked"));
+    assert!(t.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn empty_code_is_refused_with_how_to_pass_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let blank = dir.path().join("blank.sh");
+    std::fs::write(&blank, " \n\t\n").unwrap();
+    let mut from_stdin = cli(&["run", "-e", "bash", "-"]);
+    from_stdin.stdin(Stdio::null());
+    for (mut c, source) in [
+        (
+            cli(&["run", "-e", "bash", ""]),
+            "the CODE argument is empty",
+        ),
+        (
+            cli(&["run", "-e", "python", "  \n "]),
+            "the CODE argument holds only whitespace",
+        ),
+        (
+            cli(&["run", "-e", "bash", "-f", blank.to_str().unwrap()]),
+            "holds only whitespace",
+        ),
+        (from_stdin, "standard input is empty"),
+    ] {
+        let o = out(&mut c);
+        assert_eq!(o.status.code(), Some(2), "{source}");
+        let e = text(&o.stderr);
+        assert!(e.contains("no code to run") && e.contains(source), "{e}");
+        assert!(e.contains("-f FILE") && e.contains("`-`"), "{e}");
+        assert!(o.stdout.is_empty());
+    }
+}
