@@ -325,10 +325,42 @@ fn doctor_passes_here_and_names_the_limit_mechanism() {
         "ok    namespaces",
         "limits:",
         "seccomp",
-        "environment: python",
+        "ok    environment python: Python 3.",
+        "ok    example run: `print(6 * 7)` in python printed 42",
         "all checks passed",
     ] {
         assert!(t.contains(s), "doctor lacks {s}:\n{t}");
+    }
+}
+
+#[test]
+fn doctor_json_has_one_stable_shape() {
+    let o = out(&mut cli(&["doctor", "--json"]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["ok"], true);
+    let checks = v["checks"].as_array().unwrap();
+    for c in checks {
+        let keys: Vec<&String> = c.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["detail", "fix", "name", "status"], "{c}");
+        assert!(["ok", "warn", "fail"].contains(&c["status"].as_str().unwrap()));
+        assert_eq!(c["fix"].is_null(), c["status"] == "ok", "{c}");
+    }
+    let status = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["status"].as_str().unwrap().to_string())
+    };
+    for name in [
+        "config",
+        "bubblewrap",
+        "namespaces",
+        "project",
+        "example run",
+    ] {
+        assert_eq!(status(name).as_deref(), Some("ok"), "{name}: {v}");
     }
 }
 
@@ -376,6 +408,19 @@ fn stdio_with_a_broken_sandbox_fails_fast_with_the_doctor_message() {
     let o = out(cli(&["doctor"]).env("PATH", &path));
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stdout).contains("FAIL  namespaces"));
+    let o = out(cli(&["doctor", "--json"]).env("PATH", &path));
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    let failed: Vec<&serde_json::Value> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .collect();
+    assert_eq!(failed.len(), 1, "{v}");
+    assert_eq!(failed[0]["name"], "namespaces");
+    assert!(failed[0]["fix"].as_str().is_some_and(|f| !f.is_empty()));
     let o = out(cli(&["run", "-e", "bash", "echo never"]).env("PATH", &path));
     assert_eq!(o.status.code(), Some(126));
     let e = text(&o.stderr);
@@ -471,7 +516,14 @@ fn with_closed_stdout(c: &mut Command) -> Output {
 
 #[test]
 fn a_closed_standard_output_ends_every_command_quietly() {
-    for args in [&["schema"][..], &["envs"], &["envs", "--json"], &["--help"]] {
+    for args in [
+        &["schema"][..],
+        &["envs"],
+        &["envs", "--json"],
+        &["doctor"],
+        &["doctor", "--json"],
+        &["--help"],
+    ] {
         let o = with_closed_stdout(&mut cli(args));
         let e = text(&o.stderr);
         assert!(
