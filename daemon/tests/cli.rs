@@ -277,6 +277,23 @@ fn config_errors_name_file_key_and_line() {
     let e = text(&o.stderr);
     assert!(e.contains(&format!("{}:5", cfg.display())), "{e}");
     assert!(e.contains("project.mode"), "{e}");
+    // Two mistakes: the first in the file is named, with a suggestion.
+    let cfg = config(dir.path(), "servr = 1\nbogus = 2\n");
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "run",
+        "-e",
+        "bash",
+        "true",
+    ]));
+    assert_eq!(o.status.code(), Some(1));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains(&format!("{}:1:1: key `servr`", cfg.display()))
+            && e.ends_with("did you mean `server`?\n"),
+        "{e}"
+    );
     let o = out(&mut cli(&["--config", "/nonexistent/config.toml", "envs"]));
     assert!(text(&o.stderr).contains("cannot read config file /nonexistent/config.toml"));
 }
