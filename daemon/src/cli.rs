@@ -147,7 +147,8 @@ enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose, cli.stdio);
+    let running = matches!(cli.command, Some(Command::Run { .. }));
+    init_logging(cli.verbose, cli.stdio, running);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -164,10 +165,12 @@ pub fn main() -> ExitCode {
     result
 }
 
-fn init_logging(verbose: u8, serving: bool) {
-    // rmcp logs every message at info; keep it for -v.
+fn init_logging(verbose: u8, serving: bool, running: bool) {
+    // rmcp logs every message at info; keep it for -v. `run` reports the
+    // registry's warnings about its own environment only (see run_once).
     let default = match verbose {
         0 if serving => "info,rmcp=warn",
+        0 if running => "warn,nix_sandbox_mcp::registry=error",
         0 => "warn",
         1 => "debug",
         _ => "trace",
@@ -437,6 +440,15 @@ async fn run_once(
         },
         (None, None) => return fail("give --env NAME or --artifact DIR"),
     };
+    if let Some(name) = &env_name {
+        let about = format!("environment {} ", env.name);
+        let alias = format!("environment {name} ");
+        for w in app.registry.warnings.iter() {
+            if w.starts_with(&about) || w.starts_with(&alias) {
+                eprintln!("nix-sandbox-mcp: warning: {w}");
+            }
+        }
+    }
     let inherited = crate::config::read_inherited(&app.config.project.inherit_names());
     let cancel = CancellationToken::new();
     let echo = Arc::new(Echo {
