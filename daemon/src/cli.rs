@@ -63,7 +63,8 @@ EXIT STATUS
 
 EXAMPLES
     nix-sandbox-mcp --stdio
-    claude mcp add sandbox -- nix-sandbox-mcp --stdio
+    nix-sandbox-mcp client-config claude-code | sh
+    nix-sandbox-mcp client-config vscode > .vscode/mcp.json
     nix-sandbox-mcp run --env python 'print(6 * 7)'
     echo 'ls /project' | nix-sandbox-mcp run --env bash -
     nix-sandbox-mcp envs
@@ -137,6 +138,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the configuration that makes an MCP client start this server
+    ///
+    /// For claude-code, the `claude mcp add` command to run; for the others,
+    /// the JSON or TOML to merge into the client's file (where it goes is
+    /// printed on standard error). The command is this binary's own path and
+    /// `--stdio`, with `--config` when one is given and PROJECT_DIR with
+    /// --project-dir.
+    ClientConfig {
+        /// The client: claude-code, claude-desktop, cursor, vscode, codex or zed
+        #[arg(value_enum, required_unless_present = "all")]
+        client: Option<crate::clients::Client>,
+        /// Print every client's configuration, as Markdown
+        #[arg(long, conflicts_with = "client")]
+        all: bool,
+        /// The server's name in the client's configuration
+        #[arg(long, value_name = "NAME", default_value = crate::clients::DEFAULT_NAME)]
+        name: String,
+        /// Mount this directory as the project (sets PROJECT_DIR) instead of
+        /// the directory the client starts the server in
+        #[arg(long, value_name = "DIR")]
+        project_dir: Option<PathBuf>,
+    },
     /// Print the JSON schema of the configuration file
     ///
     /// Editors and TOML tools can check a config.toml against it as it is
@@ -206,7 +229,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         }
         None => {
             eprintln!(
-                "nix-sandbox-mcp: nothing to do. Use --stdio to serve MCP, or one of the commands run, envs, doctor (see --help)."
+                "nix-sandbox-mcp: nothing to do. Use --stdio to serve MCP, or one of the commands run, envs, doctor, client-config, schema (see --help)."
             );
             ExitCode::from(2)
         }
@@ -218,6 +241,13 @@ async fn dispatch(cli: Cli) -> ExitCode {
         }) => run_once(&opts, env, artifact, file, code).await,
         Some(Command::Envs { json }) => list_envs(&opts, json).await,
         Some(Command::Doctor { json }) => doctor(&opts, json).await,
+        // Without a client, clap has made sure --all was given.
+        Some(Command::ClientConfig {
+            client,
+            all: _,
+            name,
+            project_dir,
+        }) => client_config(cli.config, client, &name, project_dir),
         Some(Command::Schema) => {
             let schema = crate::config::json_schema();
             let mut out = Out::default();
@@ -263,6 +293,64 @@ impl Out {
     fn finish(&self, code: ExitCode) -> ExitCode {
         if self.failed { ExitCode::from(1) } else { code }
     }
+}
+
+/// The command clients run: the Nix package's wrapper names itself in
+/// NIX_SANDBOX_MCP_COMMAND (its variables and flags must not be skipped);
+/// otherwise this binary.
+fn own_command() -> std::io::Result<PathBuf> {
+    match std::env::var_os("NIX_SANDBOX_MCP_COMMAND").map(PathBuf::from) {
+        Some(wrapper) if wrapper.is_absolute() => Ok(wrapper),
+        _ => std::env::current_exe().and_then(std::fs::canonicalize),
+    }
+}
+
+fn client_config(
+    config: Option<PathBuf>,
+    client: Option<crate::clients::Client>,
+    name: &str,
+    project_dir: Option<PathBuf>,
+) -> ExitCode {
+    use crate::clients::{self, Launch};
+    if !clients::is_valid_name(name) {
+        eprintln!(
+            "nix-sandbox-mcp: --name {name:?}: use letters, digits, '-' and '_' (at most 64)"
+        );
+        return ExitCode::from(2);
+    }
+    let command = match own_command() {
+        Ok(c) => c,
+        Err(e) => return fail(format!("cannot tell where this binary is: {e}")),
+    };
+    // The client starts elsewhere: paths become absolute, and a broken
+    // configuration is reported now rather than by the client.
+    let config = match config.map(|c| std::fs::canonicalize(&c).map_err(|e| (c, e))) {
+        Some(Err((c, e))) => return fail(format!("--config {}: {e}", c.display())),
+        Some(Ok(c)) => {
+            if let Err(e) = crate::config::load(Some(&c)) {
+                return fail(e);
+            }
+            Some(c)
+        }
+        None => None,
+    };
+    let project_dir = match project_dir.map(|d| (std::fs::canonicalize(&d), d)) {
+        Some((Ok(real), _)) if real.is_dir() => Some(real),
+        Some((_, d)) => {
+            return fail(format!("--project-dir {}: not a directory", d.display()));
+        }
+        None => None,
+    };
+    let launch = Launch::new(name, command, config, project_dir);
+    let mut out = Out::default();
+    match client {
+        Some(c) => {
+            out.print(&c.render(&launch));
+            eprintln!("nix-sandbox-mcp: {}", c.destination());
+        }
+        None => out.print(&clients::markdown(&launch)),
+    }
+    out.finish(ExitCode::SUCCESS)
 }
 
 async fn doctor(opts: &StartOptions, json: bool) -> ExitCode {

@@ -44,6 +44,7 @@ fn help_documents_commands_configuration_and_environment() {
         "run",
         "envs",
         "doctor",
+        "client-config",
         "--config",
         "PROJECT_DIR",
         "PROJECT_MOUNT",
@@ -539,6 +540,8 @@ fn a_closed_standard_output_ends_every_command_quietly() {
         &["envs", "--json"],
         &["doctor"],
         &["doctor", "--json"],
+        &["client-config", "vscode"],
+        &["client-config", "--all"],
         &["--help"],
     ] {
         let o = with_closed_stdout(&mut cli(args));
@@ -589,5 +592,97 @@ fn empty_code_is_refused_with_how_to_pass_code() {
         assert!(e.contains("no code to run") && e.contains(source), "{e}");
         assert!(e.contains("-f FILE") && e.contains("`-`"), "{e}");
         assert!(o.stdout.is_empty());
+    }
+}
+
+#[test]
+fn client_config_names_this_binary_and_what_was_asked_for() {
+    let real = std::fs::canonicalize(BIN).unwrap();
+    let o = out(&mut cli(&["client-config", "vscode"]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let server = &v["servers"]["sandbox"];
+    assert_eq!(server["command"], real.to_str().unwrap());
+    assert_eq!(server["args"], serde_json::json!(["--stdio"]));
+    assert!(text(&o.stderr).contains(".vscode/mcp.json"));
+
+    // --config (relative here) and --project-dir become absolute paths.
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), "[defaults]\ntimeout_ms = 5000\n");
+    let o = out(cli(&[
+        "--config",
+        "config.toml",
+        "client-config",
+        "codex",
+        "--name",
+        "nsm",
+        "--project-dir",
+        ".",
+    ])
+    .current_dir(dir.path()));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: toml::Table = toml::from_str(&text(&o.stdout)).unwrap();
+    let server = &v["mcp_servers"]["nsm"];
+    let here = std::fs::canonicalize(dir.path()).unwrap();
+    assert_eq!(
+        server["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect::<Vec<_>>(),
+        [
+            "--config",
+            here.join("config.toml").to_str().unwrap(),
+            "--stdio"
+        ]
+    );
+    assert_eq!(server["env"]["PROJECT_DIR"].as_str(), here.to_str());
+
+    // The configuration clients will start with is checked now.
+    config(dir.path(), "[defaults]\ntimeot_ms = 5\n");
+    let o = out(cli(&["--config", "config.toml", "client-config", "zed"]).current_dir(dir.path()));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("did you mean `timeout_ms`?"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = out(&mut cli(&[
+        "client-config",
+        "cursor",
+        "--project-dir",
+        "/nonexistent",
+    ]));
+    assert_eq!(o.status.code(), Some(1));
+    let o = out(&mut cli(&[
+        "client-config",
+        "cursor",
+        "--name",
+        "my server",
+    ]));
+    assert_eq!(o.status.code(), Some(2));
+
+    // The Nix package's wrapper names itself.
+    let o = out(cli(&["client-config", "claude-code"]).env(
+        "NIX_SANDBOX_MCP_COMMAND",
+        "/nix/store/x/bin/nix-sandbox-mcp",
+    ));
+    assert_eq!(
+        text(&o.stdout),
+        "claude mcp add sandbox -- /nix/store/x/bin/nix-sandbox-mcp --stdio\n"
+    );
+
+    let o = out(&mut cli(&["client-config", "--all"]));
+    let t = text(&o.stdout);
+    for title in [
+        "Claude Code",
+        "Claude Desktop",
+        "Cursor",
+        "VS Code",
+        "Codex CLI",
+        "Zed",
+    ] {
+        assert!(t.contains(&format!("**{title}**")), "{title}");
     }
 }
