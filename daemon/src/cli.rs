@@ -33,7 +33,11 @@ directory, /workspace) across calls, or run in the background as jobs read \
 with the job tool.
 
 Without a configuration file it serves the host's bash, python3 and node \
-(host mode); with Nix it serves sandbox artifacts built by the flake.";
+(host mode), found as the shell finds them: through pyenv, asdf, mise and \
+volta shims, a virtualenv or an nvm install first on PATH, whose directory \
+is then bound read-only (never a home directory itself); an entry that \
+cannot be served is passed over with a warning and the fix. With Nix it \
+serves sandbox artifacts built by the flake.";
 
 const AFTER_HELP: &str = "\
 CONFIGURATION
@@ -52,6 +56,9 @@ ENVIRONMENT
     NIX_SANDBOX_LIMITS auto (default: cgroup v2, else v1, else rlimits) or rlimits
                        (never use cgroups).
     RUST_LOG           Log filter, e.g. debug or nix_sandbox_mcp=trace (logs go to stderr).
+    NIX_SANDBOX_MCP_COMMAND
+                       The command client-config tells clients to run (the Nix
+                       package's wrapper sets it to itself; default: this binary).
 
 EXIT STATUS
     run exits with the program's own status; 124 when it timed out, 125 when a
@@ -146,7 +153,7 @@ enum Command {
     /// `--stdio`, with `--config` when one is given and PROJECT_DIR with
     /// --project-dir.
     ClientConfig {
-        /// The client: claude-code, claude-desktop, cursor, vscode, codex or zed
+        /// The MCP client
         #[arg(value_enum, required_unless_present = "all")]
         client: Option<crate::clients::Client>,
         /// Print every client's configuration, as Markdown
@@ -446,9 +453,8 @@ impl Observer for Echo {
         match stream {
             Stream::Stdout => {
                 let mut stdout = std::io::stdout().lock();
-                if let Err(e) = stdout.write_all(data).and_then(|_| stdout.flush())
-                    && e.kind() == std::io::ErrorKind::BrokenPipe
-                {
+                let written = stdout.write_all(data).and_then(|_| stdout.flush());
+                if written.is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) {
                     self.stdout_closed
                         .store(true, std::sync::atomic::Ordering::Relaxed);
                     self.cancel.cancel();
