@@ -17,6 +17,9 @@ step "build"
 cargo build --quiet
 bin=$root/target/debug/nix-sandbox-mcp
 
+step "the README's first commands, as written (installed into a temporary root)"
+tests/readme-commands.sh
+
 step "cargo tests (unit + integration with real bubblewrap)"
 cargo test --quiet
 

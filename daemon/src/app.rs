@@ -313,7 +313,7 @@ pub fn resolve_project(
             ));
         }
     }
-    if rustix::process::geteuid().is_root() && !world_readable_dir(&real) {
+    if rustix::process::geteuid().is_root() && !crate::platform::world_readable_dir(&real) {
         let message = format!(
             "the server runs as root, so sandboxes run as uid {}, which cannot read the project {}: make it and its parent directories world-readable (chmod o+rx), or run the server as a normal user",
             crate::platform::UNPRIVILEGED_ID,
@@ -332,17 +332,6 @@ pub fn resolve_project(
         }),
         None,
     ))
-}
-
-/// True when every directory from / down to `path` lets others in and list it.
-fn world_readable_dir(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    path.ancestors().enumerate().all(|(depth, p)| {
-        let need = if depth == 0 { 0o005 } else { 0o001 };
-        std::fs::metadata(p)
-            .map(|m| m.permissions().mode() & need == need)
-            .unwrap_or(false)
-    })
 }
 
 /// Runs start-up probes through the real executor.

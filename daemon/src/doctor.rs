@@ -1,116 +1,240 @@
-//! `doctor`: checks, one by one, what the sandbox needs on this machine and
-//! prints a concrete fix for each failure. The same checks gate `--stdio`.
+//! `doctor`: checks, one by one, what the sandbox and the README's first
+//! commands need on this machine, each finding with a concrete fix. A check
+//! is one function returning its findings; [`run`] calls them in order, and
+//! later checks build on what earlier ones set up. The same checks gate
+//! `--stdio`.
 
-use std::process::ExitCode;
+use serde::Serialize;
 
 use crate::app::{self, StartError, StartOptions};
-use crate::config;
+use crate::config::{self, Config};
+use crate::exec::{Executor, Request};
+use crate::jail::ProjectMount;
 use crate::limits::Mechanism;
 use crate::platform::Platform;
-use crate::registry;
+use crate::registry::{self, Registry};
 
-struct Report {
-    failures: usize,
+/// The shape of `doctor --json`; raised when a field changes meaning or goes.
+pub const JSON_VERSION: u32 = 1;
+
+/// One thing a check found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    /// What was checked, e.g. `bubblewrap` or `environment python`.
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+    /// What to do about a warning or failure.
+    pub fix: Option<String>,
 }
 
-impl Report {
-    fn ok(&self, what: &str, detail: impl AsRef<str>) {
-        println!("ok    {what}: {}", detail.as_ref());
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Finding {
+    fn ok(name: impl Into<String>, detail: impl Into<String>) -> Finding {
+        Finding {
+            name: name.into(),
+            status: Status::Ok,
+            detail: detail.into(),
+            fix: None,
+        }
     }
-    fn warn(&self, what: &str, detail: impl AsRef<str>, fix: impl AsRef<str>) {
-        println!(
-            "warn  {what}: {}\n      fix: {}",
-            detail.as_ref(),
-            fix.as_ref()
-        );
+
+    fn warn(name: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Finding {
+        Finding {
+            status: Status::Warn,
+            fix: Some(fix.into()),
+            ..Finding::ok(name, detail)
+        }
     }
-    fn fail(&mut self, what: &str, detail: impl AsRef<str>, fix: impl AsRef<str>) {
-        self.failures += 1;
-        println!(
-            "FAIL  {what}: {}\n      fix: {}",
-            detail.as_ref(),
-            fix.as_ref()
-        );
+
+    fn fail(name: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Finding {
+        Finding {
+            status: Status::Fail,
+            ..Finding::warn(name, detail, fix)
+        }
+    }
+
+    /// The finding as `doctor` prints it.
+    pub fn to_text(&self) -> String {
+        let tag = match self.status {
+            Status::Ok => "ok   ",
+            Status::Warn => "warn ",
+            Status::Fail => "FAIL ",
+        };
+        let mut text = format!("{tag} {}: {}\n", self.name, self.detail);
+        if let Some(fix) = &self.fix {
+            text += &format!("      fix: {fix}\n");
+        }
+        text
     }
 }
 
-pub async fn run(opts: &StartOptions) -> ExitCode {
-    let mut r = Report { failures: 0 };
+/// The last line of `doctor`'s text output.
+pub fn summary(findings: &[Finding]) -> String {
+    match failures(findings) {
+        0 => "\nall checks passed\n".to_string(),
+        n => format!("\n{n} check(s) failed\n"),
+    }
+}
 
-    let config = match config::load(opts.config.as_deref()) {
+pub fn failures(findings: &[Finding]) -> usize {
+    findings.iter().filter(|f| f.status == Status::Fail).count()
+}
+
+/// `doctor --json`: `{"version", "ok", "checks": [{name, status, detail, fix}]}`.
+pub fn to_json(findings: &[Finding]) -> serde_json::Value {
+    serde_json::json!({
+        "version": JSON_VERSION,
+        "ok": failures(findings) == 0,
+        "checks": findings,
+    })
+}
+
+/// What the checks have set up so far.
+#[derive(Default)]
+struct State {
+    config: Option<Config>,
+    executor: Option<Executor>,
+    project: Option<ProjectMount>,
+    registry: Option<Registry>,
+}
+
+/// Runs every check in order, handing each finding to `report` as soon as
+/// it is known; returns them all.
+pub async fn run(opts: &StartOptions, mut report: impl FnMut(&Finding)) -> Vec<Finding> {
+    let mut s = State::default();
+    let mut all = Vec::new();
+    let mut record = |findings: Vec<Finding>| {
+        findings.iter().for_each(&mut report);
+        all.extend(findings);
+    };
+    record(check_config(&mut s, opts));
+    record(check_bubblewrap(&mut s));
+    record(check_sandbox(&mut s).await);
+    record(check_limits(&s));
+    record(check_seccomp(&s));
+    record(check_project(&mut s));
+    record(check_environments(&mut s).await);
+    record(check_example_run(&s).await);
+    if let Some(executor) = s.executor {
+        executor.shutdown().await;
+    }
+    all
+}
+
+fn check_config(s: &mut State, opts: &StartOptions) -> Vec<Finding> {
+    match config::load(opts.config.as_deref()) {
         Ok(c) => {
-            match &c.file {
-                Some(f) => r.ok("config", format!("loaded {}", f.display())),
-                None => r.ok("config", "no config file; built-in defaults (host mode)"),
-            }
-            c
+            let detail = match &c.file {
+                Some(f) => format!("loaded {}", f.display()),
+                None => "no config file; built-in defaults (host mode)".to_string(),
+            };
+            s.config = Some(c);
+            vec![Finding::ok("config", detail)]
         }
-        Err(e) => {
-            r.fail(
-                "config",
-                e.to_string(),
-                "correct the file, or start without --config to use the defaults",
-            );
-            return ExitCode::from(1);
-        }
-    };
+        Err(e) => vec![Finding::fail(
+            "config",
+            e.to_string(),
+            "correct the file, or start without --config to use the defaults",
+        )],
+    }
+}
 
-    match Platform::probe() {
-        Ok(p) => {
-            r.ok(
-                "bubblewrap",
-                format!("{} {}", p.bwrap.display(), p.bwrap_version),
-            );
-            if !p.layout.disable_userns {
-                r.warn("bubblewrap", "this version cannot forbid nested user namespaces (--disable-userns needs 0.8)", "upgrade bubblewrap to 0.8 or later");
-            }
-            if !p.layout.add_seccomp_fd {
-                r.warn(
-                    "bubblewrap",
-                    "this version loads one seccomp program; clone3 is not filtered",
-                    "upgrade bubblewrap to 0.5 or later",
-                );
-            }
-            if p.run_as.is_some() {
-                r.ok(
-                    "identity",
-                    format!(
-                        "running as root: sandboxes start as host uid {} (nobody), never as root",
-                        crate::platform::UNPRIVILEGED_ID
-                    ),
-                );
-            }
-        }
-        Err(e) => {
-            r.fail("bubblewrap", e.to_string(), e.fix());
-            return ExitCode::from(1);
+fn check_bubblewrap(s: &mut State) -> Vec<Finding> {
+    let Some(config) = &s.config else {
+        return Vec::new();
+    };
+    let p = match Platform::probe() {
+        Ok(p) => p,
+        Err(e) => return vec![Finding::fail("bubblewrap", e.to_string(), e.fix())],
+    };
+    let mut found = vec![Finding::ok(
+        "bubblewrap",
+        format!("{} {}", p.bwrap.display(), p.bwrap_version),
+    )];
+    if !p.layout.disable_userns {
+        found.push(Finding::warn(
+            "bubblewrap",
+            "this version cannot forbid nested user namespaces (--disable-userns needs 0.8)",
+            "upgrade bubblewrap to 0.8 or later",
+        ));
+    }
+    if !p.layout.add_seccomp_fd {
+        found.push(Finding::warn(
+            "bubblewrap",
+            "this version loads one seccomp program; clone3 is not filtered",
+            "upgrade bubblewrap to 0.5 or later",
+        ));
+    }
+    if p.run_as.is_some() {
+        found.push(Finding::ok(
+            "identity",
+            format!(
+                "running as root: sandboxes start as host uid {} (nobody), never as root",
+                crate::platform::UNPRIVILEGED_ID
+            ),
+        ));
+    }
+    match app::executor_for(config, false) {
+        Ok(x) => s.executor = Some(x),
+        Err(e) => found.push(Finding::fail(
+            "sandbox",
+            e.to_string(),
+            "see the message above",
+        )),
+    }
+    found
+}
+
+async fn check_sandbox(s: &mut State) -> Vec<Finding> {
+    let Some(executor) = &s.executor else {
+        return Vec::new();
+    };
+    let finding = match app::self_test(executor).await {
+        Ok(()) => Finding::ok(
+            "namespaces",
+            "a test sandbox started with new user, pid, ipc, uts, cgroup and network namespaces, seccomp and limits",
+        ),
+        Err(StartError::Sandbox { detail, fix }) => Finding::fail("namespaces", detail, fix),
+        Err(e) => Finding::fail("namespaces", e.to_string(), "see the message above"),
+    };
+    if finding.status == Status::Fail {
+        // Nothing else can be tried in a sandbox that does not start.
+        if let Some(x) = s.executor.take() {
+            x.shutdown().await;
         }
     }
+    vec![finding]
+}
 
-    let executor = match app::executor_for(&config, false) {
-        Ok(x) => x,
-        Err(e) => {
-            r.fail("sandbox", e.to_string(), "see above");
-            return ExitCode::from(1);
-        }
+fn check_limits(s: &State) -> Vec<Finding> {
+    let Some(executor) = &s.executor else {
+        return Vec::new();
     };
-    match app::self_test(&executor).await {
-        Ok(()) => r.ok("namespaces", "a test sandbox started with new user, pid, ipc, uts, cgroup and network namespaces, seccomp and limits"),
-        Err(StartError::Sandbox { detail, fix }) => r.fail("namespaces", detail, fix),
-        Err(e) => r.fail("namespaces", e.to_string(), "see above"),
-    }
-
     let enforcer = executor.enforcer();
-    match enforcer.mechanism() {
-        Mechanism::Rlimits => r.warn(
+    vec![match enforcer.mechanism() {
+        Mechanism::Rlimits => Finding::warn(
             "limits",
             enforcer.describe(),
             "memory and process limits are approximate without a cgroup. With systemd and cgroup v2, start the server in its own delegated scope: `systemd-run --user --scope -p Delegate=yes nix-sandbox-mcp --stdio`",
         ),
-        _ => r.ok("limits", enforcer.describe()),
+        _ => Finding::ok("limits", enforcer.describe()),
+    }]
+}
+
+fn check_seccomp(s: &State) -> Vec<Finding> {
+    if s.executor.is_none() {
+        return Vec::new();
     }
-    match crate::seccomp::compile(&[]) {
-        Ok(p) => r.ok(
+    vec![match crate::seccomp::compile(&[]) {
+        Ok(p) => Finding::ok(
             "seccomp",
             format!(
                 "{} filter program(s), {} syscalls blocked",
@@ -118,76 +242,159 @@ pub async fn run(opts: &StartOptions) -> ExitCode {
                 crate::seccomp::BLOCKED.len() + crate::seccomp::CONDITIONAL.len()
             ),
         ),
-        Err(e) => r.fail(
+        Err(e) => Finding::fail(
             "seccomp",
             e.to_string(),
             "report this as a bug with your architecture",
         ),
-    }
+    }]
+}
 
-    let resolved = app::resolve_project(&config);
-    let project = resolved.as_ref().ok().and_then(|(p, _)| p.clone());
-    match resolved {
+fn check_project(s: &mut State) -> Vec<Finding> {
+    let (Some(config), Some(_)) = (&s.config, &s.executor) else {
+        return Vec::new();
+    };
+    vec![match app::resolve_project(config) {
         Ok((Some(p), _)) => {
-            r.ok(
-                "project",
-                format!(
-                    "{} mounted at {} ({})",
-                    p.host_path.display(),
-                    p.mount_point,
-                    if p.writable {
-                        "read-write"
-                    } else {
-                        "read-only"
-                    }
-                ),
+            let mode = if p.writable {
+                "read-write"
+            } else {
+                "read-only"
+            };
+            let detail = format!(
+                "{} mounted at {} ({mode})",
+                p.host_path.display(),
+                p.mount_point
             );
+            s.project = Some(p);
+            Finding::ok("project", detail)
         }
-        Ok((None, note)) => r.warn(
+        Ok((None, note)) => Finding::warn(
             "project",
             note.unwrap_or_default(),
-            "set PROJECT_DIR or [project] path",
+            "start the server in the project's directory, or set PROJECT_DIR or [project] path",
         ),
-        Err(e) => r.fail(
+        Err(e) => Finding::fail(
             "project",
             e.to_string(),
             "set PROJECT_DIR or [project] path to an existing directory",
         ),
-    }
+    }]
+}
 
-    let project_dir = project.as_ref().map(|p| p.host_path.as_path());
-    let gathered = registry::gather(&config, project_dir, &registry::sources()).await;
-    let reg = registry::load(&config, gathered, Some(&app::ExecProber(executor.clone()))).await;
+/// The generic fix for an environment that was dropped, when its warning
+/// does not name one (host interpreters say `…; fix: …`).
+const ENVIRONMENT_FIX: &str = "install the interpreter, or fix the environment's definition";
+
+async fn check_environments(s: &mut State) -> Vec<Finding> {
+    let (Some(config), Some(executor)) = (&s.config, &s.executor) else {
+        return Vec::new();
+    };
+    let project_dir = s.project.as_ref().map(|p| p.host_path.as_path());
+    let gathered = registry::gather(config, project_dir, &registry::sources()).await;
+    let reg = registry::load(config, gathered, Some(&app::ExecProber(executor.clone()))).await;
+    let mut found = Vec::new();
     for (name, about) in &reg.sources {
-        r.ok(&format!("source {name}"), about);
+        found.push(Finding::ok(format!("source {name}"), about.clone()));
     }
     for e in reg.iter() {
-        r.ok(
-            "environment",
-            format!("{}: {} [{}]", e.name, e.description, e.origin),
-        );
+        found.push(Finding::ok(
+            format!("environment {}", e.name),
+            format!("{} [{}]", e.description, e.origin),
+        ));
     }
     for w in &reg.warnings {
-        r.warn(
-            "environment",
-            w,
-            "install the interpreter, or fix the environment's definition",
-        );
+        let (detail, fix) = match w.rsplit_once("; fix: ") {
+            Some((detail, fix)) => (detail, fix),
+            None => (w.as_str(), ENVIRONMENT_FIX),
+        };
+        found.push(Finding::warn("environments", detail, fix));
     }
     if reg.is_empty() {
-        r.fail(
+        found.push(Finding::fail(
             "environments",
             "none is available",
             "install bash, python3 or node, or configure environments",
-        );
+        ));
     }
-    executor.shutdown().await;
+    s.registry = Some(reg);
+    found
+}
 
-    if r.failures == 0 {
-        println!("\nall checks passed");
-        ExitCode::SUCCESS
-    } else {
-        println!("\n{} check(s) failed", r.failures);
-        ExitCode::from(1)
+/// The environment and code of the README's first `run` command.
+pub const EXAMPLE_ENV: &str = "python";
+pub const EXAMPLE_CODE: &str = "print(6 * 7)";
+
+/// Runs the README's example, as a user's first command would.
+async fn check_example_run(s: &State) -> Vec<Finding> {
+    let (Some(reg), Some(executor)) = (&s.registry, &s.executor) else {
+        return Vec::new();
+    };
+    let name = "example run";
+    let Some(env) = reg.get(EXAMPLE_ENV) else {
+        return vec![Finding::warn(
+            name,
+            format!(
+                "there is no {EXAMPLE_ENV} environment, so `nix-sandbox-mcp run -e {EXAMPLE_ENV} '{EXAMPLE_CODE}'` cannot work"
+            ),
+            "install python3 (`apt install python3`), or try the example with another environment (`nix-sandbox-mcp envs`)",
+        )];
+    };
+    let outcome = executor
+        .run(Request {
+            env,
+            code: EXAMPLE_CODE.as_bytes(),
+            project: s.project.as_ref(),
+            inherited: &[],
+            cancel: Default::default(),
+            observer: None,
+        })
+        .await;
+    vec![match outcome {
+        Ok(o) if o.succeeded() && o.stdout.text.trim() == "42" => Finding::ok(
+            name,
+            format!("`{EXAMPLE_CODE}` in {EXAMPLE_ENV} printed 42 in the sandbox"),
+        ),
+        Ok(o) => Finding::fail(
+            name,
+            format!(
+                "`{EXAMPLE_CODE}` in {EXAMPLE_ENV} ended with exit status {:?}: {}",
+                o.exit_code,
+                o.stderr.text.trim()
+            ),
+            "run `nix-sandbox-mcp run -e python 'print(6 * 7)'` to see the whole output",
+        ),
+        Err(e) => Finding::fail(
+            name,
+            e.to_string(),
+            app::diagnose_sandbox_failure(&e.to_string()),
+        ),
+    }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn findings_print_as_before_and_serialise_to_the_documented_shape() {
+        let findings = vec![
+            Finding::ok("config", "no config file"),
+            Finding::warn("limits", "rlimits only", "use a cgroup"),
+            Finding::fail("project", "missing", "set PROJECT_DIR"),
+        ];
+        assert_eq!(findings[0].to_text(), "ok    config: no config file\n");
+        assert_eq!(
+            findings[2].to_text(),
+            "FAIL  project: missing\n      fix: set PROJECT_DIR\n"
+        );
+        assert_eq!(summary(&findings), "\n1 check(s) failed\n");
+        let v = to_json(&findings);
+        assert_eq!(v["version"], JSON_VERSION);
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["checks"][0]["fix"], serde_json::Value::Null);
+        assert_eq!(v["checks"][1]["status"], "warn");
+        let keys: Vec<&String> = v["checks"][2].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["detail", "fix", "name", "status"]);
     }
 }

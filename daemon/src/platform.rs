@@ -123,6 +123,17 @@ impl Platform {
     }
 }
 
+/// True when every directory from / down to `path` lets others in and list
+/// it: what a sandbox started as [`UNPRIVILEGED_ID`] needs to bind `path`.
+pub fn world_readable_dir(path: &Path) -> bool {
+    path.ancestors().enumerate().all(|(depth, p)| {
+        let need = if depth == 0 { 0o005 } else { 0o001 };
+        fs::metadata(p)
+            .map(|m| m.permissions().mode() & need == need)
+            .unwrap_or(false)
+    })
+}
+
 const SYSTEM_TOP_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
 ];

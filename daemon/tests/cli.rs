@@ -2,37 +2,12 @@
 //! errors, and --stdio failing fast when the sandbox cannot work.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nix-sandbox-mcp");
+mod common;
 
-fn cli(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args)
-        .env_remove("RUST_LOG")
-        .env("PROJECT_DIR", project_dir());
-    c
-}
-
-fn project_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn out(c: &mut Command) -> Output {
-    c.output().expect("binary runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn config(dir: &Path, toml: &str) -> PathBuf {
-    let p = dir.join("config.toml");
-    std::fs::write(&p, toml).unwrap();
-    p
-}
+use common::cli::{BIN, cli, config, out, text};
 
 #[test]
 fn help_documents_commands_configuration_and_environment() {
@@ -44,6 +19,7 @@ fn help_documents_commands_configuration_and_environment() {
         "run",
         "envs",
         "doctor",
+        "client-config",
         "--config",
         "PROJECT_DIR",
         "PROJECT_MOUNT",
@@ -289,193 +265,170 @@ fn a_small_run_queue_does_not_drop_environments_at_start() {
     assert_eq!(names, ["bash", "node", "python"], "{}", v["warnings"]);
 }
 
-#[test]
-fn config_errors_name_file_key_and_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(
-        dir.path(),
-        "[defaults]\ntimeout_ms = 1000\n\n[project]\nmode = \"sometimes\"\n",
-    );
-    let o = out(&mut cli(&["--config", cfg.to_str().unwrap(), "envs"]));
-    assert_eq!(o.status.code(), Some(1));
-    let e = text(&o.stderr);
-    assert!(e.contains(&format!("{}:5", cfg.display())), "{e}");
-    assert!(e.contains("project.mode"), "{e}");
-    let o = out(&mut cli(&["--config", "/nonexistent/config.toml", "envs"]));
-    assert!(text(&o.stderr).contains("cannot read config file /nonexistent/config.toml"));
+/// Runs the binary with its standard output already closed, as when piped
+/// into `head` that has exited.
+fn with_closed_stdout(c: &mut Command) -> Output {
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
 }
 
 #[test]
-fn a_later_config_option_replaces_an_earlier_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let first = dir.path().join("first.toml");
-    std::fs::write(&first, "[environments.first]\npreset = \"bash\"\n").unwrap();
-    let second = config(dir.path(), "[environments.second]\npreset = \"bash\"\n");
-    let o = out(&mut cli(&[
-        "--config",
-        first.to_str().unwrap(),
-        "--config",
-        second.to_str().unwrap(),
-        "envs",
-        "--json",
-    ]));
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o.stderr)));
-    assert_eq!(v["environments"][0]["name"], "second");
-}
-
-#[test]
-fn xdg_config_is_used_when_present() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("nix-sandbox-mcp")).unwrap();
-    std::fs::write(
-        dir.path().join("nix-sandbox-mcp/config.toml"),
-        "[environments.only]\npreset = \"bash\"\n",
-    )
-    .unwrap();
-    let o = out(cli(&["envs", "--json"]).env("XDG_CONFIG_HOME", dir.path()));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["environments"].as_array().unwrap().len(), 1);
-    assert_eq!(v["environments"][0]["name"], "only");
-}
-
-#[test]
-fn doctor_passes_here_and_names_the_limit_mechanism() {
-    let o = out(&mut cli(&["doctor"]));
-    let t = text(&o.stdout);
-    assert!(o.status.success(), "{t}\n{}", text(&o.stderr));
-    for s in [
-        "ok    bubblewrap",
-        "ok    namespaces",
-        "limits:",
-        "seccomp",
-        "environment: python",
-        "all checks passed",
+fn a_closed_standard_output_ends_every_command_quietly() {
+    for args in [
+        &["schema"][..],
+        &["envs"],
+        &["envs", "--json"],
+        &["doctor"],
+        &["doctor", "--json"],
+        &["client-config", "vscode"],
+        &["client-config", "--all"],
+        &["--help"],
     ] {
-        assert!(t.contains(s), "doctor lacks {s}:\n{t}");
-    }
-}
-
-/// A `bwrap` that answers --version and --help but cannot create namespaces,
-/// as on Ubuntu with AppArmor's user-namespace restriction.
-fn broken_bwrap(dir: &Path) -> String {
-    let real = which("bwrap");
-    let script = dir.join("bwrap");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in --version|--help) exec {} \"$1\";; esac\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n",
-            real.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    format!("{}:{}", dir.display(), std::env::var("PATH").unwrap())
-}
-
-fn which(name: &str) -> PathBuf {
-    std::env::var("PATH")
-        .unwrap()
-        .split(':')
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-        .expect("on PATH")
-}
-
-#[test]
-fn stdio_with_a_broken_sandbox_fails_fast_with_the_doctor_message() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = broken_bwrap(dir.path());
-    let t = Instant::now();
-    let o = out(cli(&["--stdio"]).env("PATH", &path).stdin(Stdio::null()));
-    assert_eq!(o.status.code(), Some(1));
-    assert!(t.elapsed() < Duration::from_secs(5));
-    let e = text(&o.stderr);
-    assert!(
-        e.contains("the sandbox does not work on this machine")
-            && e.contains("setting up uid map")
-            && e.contains("fix:"),
-        "{e}"
-    );
-    let o = out(cli(&["doctor"]).env("PATH", &path));
-    assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stdout).contains("FAIL  namespaces"));
-    let o = out(cli(&["run", "-e", "bash", "echo never"]).env("PATH", &path));
-    assert_eq!(o.status.code(), Some(126));
-    let e = text(&o.stderr);
-    assert!(
-        e.contains("could not be set up") && e.contains("fix:") && !e.contains("never"),
-        "{e}"
-    );
-}
-
-#[test]
-fn stdio_without_bubblewrap_fails_fast_with_install_advice() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = out(cli(&["--stdio"])
-        .env("PATH", dir.path())
-        .stdin(Stdio::null()));
-    assert_eq!(o.status.code(), Some(1));
-    let e = text(&o.stderr);
-    assert!(
-        e.contains("bubblewrap (bwrap) is not installed") && e.contains("apt install bubblewrap"),
-        "{e}"
-    );
-}
-
-#[test]
-fn as_root_a_project_the_sandbox_cannot_read_is_refused_at_start() {
-    if !rustix::process::geteuid().is_root() {
-        // Only a root server runs sandboxes under another uid than its own.
-        // The harness captures the print macros only: this line is seen.
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped as_root_a_project_the_sandbox_cannot_read_is_refused_at_start: needs root"
+        let o = with_closed_stdout(&mut cli(args));
+        let e = text(&o.stderr);
+        assert!(
+            !e.contains("panicked") && !e.contains("Broken pipe"),
+            "{args:?}: {e}"
         );
-        return;
+        assert!(
+            o.status.code().is_some(),
+            "{args:?} was killed: {:?}",
+            o.status
+        );
     }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
-    let o = out(cli(&["envs"]).env("PROJECT_DIR", dir.path()));
-    assert_eq!(o.status.code(), Some(1));
-    let e = text(&o.stderr);
-    assert!(
-        e.contains("cannot read the project") && e.contains("chmod o+rx"),
-        "{e}"
-    );
+    // A run whose output nobody reads any more is ended, as SIGPIPE would.
+    let t = Instant::now();
+    let o = with_closed_stdout(&mut cli(&["run", "-e", "bash", "yes"]));
+    assert_eq!(o.status.code(), Some(141), "{}", text(&o.stderr));
+    assert!(!text(&o.stderr).contains("panicked"));
+    assert!(t.elapsed() < Duration::from_secs(20));
 }
 
 #[test]
-fn a_client_that_leaves_at_once_gets_a_clean_shutdown() {
-    // Sandboxes are still being prepared when the connection closes.
-    let hello = concat!(
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
-        "\n",
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        "\n",
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
-        "\n"
-    );
-    for _ in 0..5 {
-        let mut child = cli(&["--stdio"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
+fn empty_code_is_refused_with_how_to_pass_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let blank = dir.path().join("blank.sh");
+    std::fs::write(&blank, " \n\t\n").unwrap();
+    let mut from_stdin = cli(&["run", "-e", "bash", "-"]);
+    from_stdin.stdin(Stdio::null());
+    for (mut c, source) in [
+        (
+            cli(&["run", "-e", "bash", ""]),
+            "the CODE argument is empty",
+        ),
+        (
+            cli(&["run", "-e", "python", "  \n "]),
+            "the CODE argument holds only whitespace",
+        ),
+        (
+            cli(&["run", "-e", "bash", "-f", blank.to_str().unwrap()]),
+            "holds only whitespace",
+        ),
+        (from_stdin, "standard input is empty"),
+    ] {
+        let o = out(&mut c);
+        assert_eq!(o.status.code(), Some(2), "{source}");
+        let e = text(&o.stderr);
+        assert!(e.contains("no code to run") && e.contains(source), "{e}");
+        assert!(e.contains("-f FILE") && e.contains("`-`"), "{e}");
+        assert!(o.stdout.is_empty());
+    }
+}
+
+#[test]
+fn client_config_names_this_binary_and_what_was_asked_for() {
+    let real = std::fs::canonicalize(BIN).unwrap();
+    let o = out(&mut cli(&["client-config", "vscode"]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let server = &v["servers"]["sandbox"];
+    assert_eq!(server["command"], real.to_str().unwrap());
+    assert_eq!(server["args"], serde_json::json!(["--stdio"]));
+    assert!(text(&o.stderr).contains(".vscode/mcp.json"));
+
+    // --config (relative here) and --project-dir become absolute paths.
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), "[defaults]\ntimeout_ms = 5000\n");
+    let o = out(cli(&[
+        "--config",
+        "config.toml",
+        "client-config",
+        "codex",
+        "--name",
+        "nsm",
+        "--project-dir",
+        ".",
+    ])
+    .current_dir(dir.path()));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: toml::Table = toml::from_str(&text(&o.stdout)).unwrap();
+    let server = &v["mcp_servers"]["nsm"];
+    let here = std::fs::canonicalize(dir.path()).unwrap();
+    assert_eq!(
+        server["args"]
+            .as_array()
             .unwrap()
-            .write_all(hello.as_bytes())
-            .unwrap();
-        let o = child.wait_with_output().unwrap();
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        assert!(text(&o.stdout).contains(r#""id":2"#), "{}", text(&o.stdout));
-        assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect::<Vec<_>>(),
+        [
+            "--config",
+            here.join("config.toml").to_str().unwrap(),
+            "--stdio"
+        ]
+    );
+    assert_eq!(server["env"]["PROJECT_DIR"].as_str(), here.to_str());
+
+    // The configuration clients will start with is checked now.
+    config(dir.path(), "[defaults]\ntimeot_ms = 5\n");
+    let o = out(cli(&["--config", "config.toml", "client-config", "zed"]).current_dir(dir.path()));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("did you mean `timeout_ms`?"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = out(&mut cli(&[
+        "client-config",
+        "cursor",
+        "--project-dir",
+        "/nonexistent",
+    ]));
+    assert_eq!(o.status.code(), Some(1));
+    let o = out(&mut cli(&[
+        "client-config",
+        "cursor",
+        "--name",
+        "my server",
+    ]));
+    assert_eq!(o.status.code(), Some(2));
+
+    // The Nix package's wrapper names itself.
+    let o = out(cli(&["client-config", "claude-code"]).env(
+        "NIX_SANDBOX_MCP_COMMAND",
+        "/nix/store/x/bin/nix-sandbox-mcp",
+    ));
+    assert_eq!(
+        text(&o.stdout),
+        "claude mcp add sandbox -- /nix/store/x/bin/nix-sandbox-mcp --stdio\n"
+    );
+
+    let o = out(&mut cli(&["client-config", "--all"]));
+    let t = text(&o.stdout);
+    for title in [
+        "Claude Code",
+        "Claude Desktop",
+        "Cursor",
+        "VS Code",
+        "Codex CLI",
+        "Zed",
+    ] {
+        assert!(t.contains(&format!("**{title}**")), "{title}");
     }
 }

@@ -1,5 +1,7 @@
 # Servers: the daemon wrapped with the sandbox artifacts it serves
 # (NIX_SANDBOX_BUILTIN), bubblewrap on PATH and, for mkServer, its config file.
+# The wrapper names itself (NIX_SANDBOX_MCP_COMMAND) so that `client-config`
+# tells clients to start it, not the bare daemon behind it.
 let
   util = import ./util.nix;
   configLib = import ./config.nix;
@@ -43,7 +45,8 @@ let
         makeBinaryWrapper ${daemon}/bin/nix-sandbox-mcp "$out/bin/nix-sandbox-mcp" \
           --prefix PATH : "${pkgs.bubblewrap}/bin" \
           --set NIX_SANDBOX_BUILTIN "${builtins.concatStringsSep ":" (map toString artifacts)}" \
-          --set NIX_SANDBOX_FLAKE "${flakeSource}" ${
+          --set NIX_SANDBOX_FLAKE "${flakeSource}" \
+          --set NIX_SANDBOX_MCP_COMMAND "$out/bin/nix-sandbox-mcp" ${
             if configFile == null then "" else "--add-flags '--config ${configFile}'"
           }
       '';

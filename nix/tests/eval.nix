@@ -697,12 +697,15 @@ let
           config = builtins.match ".*--add-flags '--config ([^']*)'.*" server.script;
           artifacts = builtins.match ".*--set NIX_SANDBOX_BUILTIN \"([^\"]*)\".*" server.script;
           flake = builtins.match ".*--set NIX_SANDBOX_FLAKE \"([^\"]*)\".*" server.script;
+          # client-config names the wrapper, not the daemon behind it.
+          command = builtins.match ".*--set NIX_SANDBOX_MCP_COMMAND \"([^\"]*)\".*" server.script;
         };
       expected = {
         builtin = [ "bash" ];
         config = [ "${builtins.storeDir}/00000000000000000000000000000000-nix-sandbox-mcp.toml" ];
         artifacts = [ presets.bash.outPath ];
         flake = [ "/nix/store/00000000000000000000000000000000-source" ];
+        command = [ "$out/bin/nix-sandbox-mcp" ];
       };
     };
     "a server of host interpreters only bakes in nothing" = {

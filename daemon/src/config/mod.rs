@@ -1,6 +1,7 @@
 //! Configuration: the TOML file, the environment variables that override it, and
-//! built-in defaults. Owns parsing and validation (every error names the file, the
-//! key and the line) and the schema that is the one definition of the file's keys
+//! built-in defaults. Owns parsing and validation (an error names the file, the
+//! key, the line and column of the first problem in the file, and the nearest
+//! valid name for a misspelt one) and the schema that is the one definition of the file's keys
 //! (`schema.rs`, which the Nix side reads); knows nothing about how environments
 //! are resolved or run. Value types with their own rules are in `values.rs`.
 
@@ -218,11 +219,12 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{}{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default(), key.as_ref().map(|k| format!(": key `{k}`")).unwrap_or_default())]
+    #[error("{}{}{}: {message}", file.display(), at.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default(), key.as_ref().map(|k| format!(": key `{k}`")).unwrap_or_default())]
     Invalid {
         file: PathBuf,
         key: Option<String>,
-        line: Option<usize>,
+        /// Line and column (both from 1) of the problem.
+        at: Option<(usize, usize)>,
         message: String,
     },
     #[error("environment variable {name}={value:?}: {message}")]
@@ -264,25 +266,31 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
 }
 
 /// Parses and validates one TOML document; `file` is only used in messages.
+/// Of several problems, the one that comes first in the file is reported.
 pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
     let invalid = |key: Option<String>, span: Option<std::ops::Range<usize>>, message: String| {
         ConfigError::Invalid {
             file: file.to_path_buf(),
             key,
-            line: span.map(|s| line_of(text, s.start)),
+            at: span.map(|s| line_and_column(text, s.start)),
             message,
         }
     };
-    let deserializer = toml::de::Deserializer::parse(text)
+    let document = toml::de::DeTable::parse(text)
         .map_err(|e| invalid(None, e.span(), e.message().trim().to_string()))?;
-    let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let key = e.path().to_string();
-        let inner = e.into_inner();
-        invalid(
-            (key != ".").then_some(key),
-            inner.span(),
-            inner.message().trim().to_string(),
-        )
+    let raw = deserialize(document.clone()).map_err(|whole| {
+        // Serde stops at the first problem in the order it visits keys,
+        // which is not the file's order (tables are sorted by key); the
+        // first failing key in the file is the one to fix first.
+        let first = leaves(document.get_ref())
+            .into_iter()
+            .find_map(|leaf| deserialize(leaf.alone(document.span())).err());
+        let (key, error) = first.unwrap_or(whole);
+        let mut message = error.message().trim().to_string();
+        if let Some(suggestion) = did_you_mean(&message) {
+            message += &format!("; did you mean `{suggestion}`?");
+        }
+        invalid((key != ".").then_some(key), error.span(), message)
     })?;
     let environments = match raw.environments {
         Some(map) => {
@@ -294,11 +302,11 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
                     env.interpreter.is_some(),
                     env.flake.is_some(),
                 ];
-                let line = find_table_line(text, &name.0);
+                let at = find_table_line(text, &name.0).map(|line| (line, 1));
                 let err = |message: &str| ConfigError::Invalid {
                     file: file.to_path_buf(),
                     key: Some(key.clone()),
-                    line,
+                    at,
                     message: message.to_string(),
                 };
                 match sources.iter().filter(|s| **s).count() {
@@ -362,12 +370,116 @@ pub fn apply_env_overrides(
     Ok(())
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())]
-        .bytes()
-        .filter(|b| *b == b'\n')
-        .count()
-        + 1
+/// The file's tables and keys as read, with where each is in the text.
+type Document<'a> = toml::de::DeTable<'a>;
+type Spanned<T> = toml::Spanned<T>;
+
+/// Reads the configuration's tables; on failure, the key's path and the error.
+fn deserialize(document: Spanned<Document>) -> Result<RawConfig, (String, toml::de::Error)> {
+    use serde::de::IntoDeserializer;
+    serde_path_to_error::deserialize(document.into_deserializer()).map_err(|e| {
+        let key = e.path().to_string();
+        (key, e.into_inner())
+    })
+}
+
+/// One value of the document and the keys that lead to it.
+struct Leaf<'d, 'a> {
+    keys: Vec<&'d Spanned<toml::de::DeString<'a>>>,
+    value: &'d Spanned<toml::de::DeValue<'a>>,
+}
+
+impl<'a> Leaf<'_, 'a> {
+    /// A document holding only this value, where it was.
+    fn alone(&self, whole: std::ops::Range<usize>) -> Spanned<Document<'a>> {
+        let mut value = self.value.clone();
+        for key in self.keys[1..].iter().rev() {
+            let mut table = Document::new();
+            table.insert((*key).clone(), value);
+            value = Spanned::new(key.span(), toml::de::DeValue::Table(table));
+        }
+        let mut root = Document::new();
+        root.insert(self.keys[0].clone(), value);
+        Spanned::new(whole, root)
+    }
+}
+
+/// Every value that is not a table with keys of its own (an empty table is
+/// one), in the order of the file.
+fn leaves<'d, 'a>(document: &'d Document<'a>) -> Vec<Leaf<'d, 'a>> {
+    fn walk<'d, 'a>(
+        table: &'d Document<'a>,
+        keys: &[&'d Spanned<toml::de::DeString<'a>>],
+        out: &mut Vec<Leaf<'d, 'a>>,
+    ) {
+        for (key, value) in table.iter() {
+            let mut path = keys.to_vec();
+            path.push(key);
+            match value.get_ref() {
+                toml::de::DeValue::Table(inner) if !inner.is_empty() => walk(inner, &path, out),
+                _ => out.push(Leaf { keys: path, value }),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(document, &[], &mut out);
+    out.sort_by_key(|leaf| leaf.keys.last().map(|k| k.span().start));
+    out
+}
+
+/// For serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown
+/// variant"), the expected name nearest to `x`, when it is near enough to
+/// be a slip: within a third of its length in edits (at least two), or
+/// the only name that starts with `x`.
+fn did_you_mean(message: &str) -> Option<String> {
+    let rest = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("unknown variant `"))?;
+    let (wrong, expected) = rest.split_once('`')?;
+    let valid: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    let (distance, nearest) = valid.iter().map(|v| (edit_distance(wrong, v), *v)).min()?;
+    let prefix_of: Vec<&&str> = valid.iter().filter(|v| v.starts_with(wrong)).collect();
+    if distance <= (wrong.chars().count() / 3).max(2) {
+        Some(nearest.to_string())
+    } else if wrong.len() >= 3 && prefix_of.len() == 1 {
+        Some(prefix_of[0].to_string())
+    } else {
+        None
+    }
+}
+
+/// Levenshtein distance, counting a swap of neighbours as one edit.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    d[0] = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+/// Line and column (from 1, the column in characters) of a byte offset.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    // toml's spans start on character boundaries.
+    let before = text.get(..offset).unwrap_or(text);
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (
+        before.matches('\n').count() + 1,
+        before[line_start..].chars().count() + 1,
+    )
 }
 
 /// The line of `[environments.NAME]`, for errors found after deserializing.

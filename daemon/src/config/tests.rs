@@ -63,6 +63,67 @@ fn unknown_key_names_key_and_line() {
 }
 
 #[test]
+fn the_first_problem_in_the_file_is_reported() {
+    // Serde visits keys sorted by name: `bogus` before `servr`.
+    let e = err_text("servr = 1\nbogus = 2\n");
+    assert!(e.starts_with("/etc/test.toml:1:1: key `servr`"), "{e}");
+    let e = err_text("[defaults]\ntimeot_ms = 1\nmemroy_mb = 2\n");
+    assert!(
+        e.starts_with("/etc/test.toml:2:1: key `defaults.timeot_ms`"),
+        "{e}"
+    );
+    // Across tables, and a table that comes back later in the file.
+    let e = err_text(
+        "[environments.a]\npreset = \"python\"\n[defaults]\ntimeout_ms = 0\n[environments.b]\npresett = \"x\"\n",
+    );
+    assert!(
+        e.starts_with("/etc/test.toml:4:14: key `defaults.timeout_ms`"),
+        "{e}"
+    );
+    let e = err_text("[project]\nmoun = \"/x\"\n[defaults]\ntimeout_ms = 0\n");
+    assert!(
+        e.starts_with("/etc/test.toml:2:1: key `project.moun`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn errors_have_line_and_column() {
+    let e = err_text("[project]\nmode  =  \"sometimes\"\n");
+    assert!(
+        e.starts_with("/etc/test.toml:2:10: key `project.mode`"),
+        "{e}"
+    );
+    let e = err_text("[defaults]\n  pids = \"many\"\n");
+    assert!(e.starts_with("/etc/test.toml:2:10:"), "{e}");
+}
+
+#[test]
+fn unknown_keys_and_values_suggest_the_nearest_valid_one() {
+    let e = err_text("[defaults]\ntimeot_ms = 1\n");
+    assert!(e.ends_with("; did you mean `timeout_ms`?"), "{e}");
+    let e = err_text("[server]\nmax_concurent_runs = 1\n");
+    assert!(e.ends_with("did you mean `max_concurrent_runs`?"), "{e}");
+    let e = err_text("[environments.x]\npreset = \"bash\"\nmemroy_mb = 5\n");
+    assert!(e.ends_with("did you mean `memory_mb`?"), "{e}");
+    let e = err_text("[project]\nmode = \"readonyl\"\n");
+    assert!(e.ends_with("did you mean `readonly`?"), "{e}");
+    let e = err_text("[project]\nmount = \"/x\"\n");
+    assert!(e.ends_with("did you mean `mount_point`?"), "{e}");
+    // Nothing near: no guess.
+    let e = err_text("[defaults]\ncolour = \"blue\"\n");
+    assert!(!e.contains("did you mean"), "{e}");
+}
+
+#[test]
+fn edit_distance_counts_swaps_as_one() {
+    assert_eq!(edit_distance("memroy_mb", "memory_mb"), 1);
+    assert_eq!(edit_distance("timeot_ms", "timeout_ms"), 1);
+    assert_eq!(edit_distance("", "abc"), 3);
+    assert_eq!(edit_distance("pids", "pids"), 0);
+}
+
+#[test]
 fn bad_value_names_key_and_line() {
     let e = err_text("[environments.py]\npreset = \"python\"\ntimeout_ms = 0\n");
     assert!(e.contains(":3"), "{e}");

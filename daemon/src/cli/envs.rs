@@ -1,0 +1,96 @@
+//! `envs`: the environments, their sources and limits, as text or JSON.
+
+use super::*;
+
+pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
+    let app = match app::start(opts).await {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let mechanism = app.executor.enforcer().describe();
+    let mut text = String::new();
+    if json {
+        let envs: Vec<serde_json::Value> = app
+            .registry
+            .iter()
+            .map(|e| {
+                let l = &e.limits;
+                serde_json::json!({
+                    "name": e.name, "description": e.description, "source": e.origin.to_string(),
+                    "interpreter": e.interpreter, "network": e.network, "tools": e.tools,
+                    "limits": {
+                        "timeout_ms": l.timeout.as_millis() as u64, "memory_mb": l.memory_bytes >> 20, "pids": l.pids,
+                        "cpu_seconds": l.cpu_seconds, "file_size_mb": l.file_size_bytes >> 20, "open_files": l.open_files,
+                        "workspace_mb": l.workspace_bytes >> 20, "output_bytes": l.output_bytes, "output_limit_mb": l.output_limit_bytes >> 20,
+                    },
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "environments": envs,
+            "aliases": app.registry.aliases(),
+            "limits_mechanism": app.executor.enforcer().mechanism().as_str(),
+            "cpu_quota": app.executor.enforcer().limits_cpu(),
+            "limits_detail": mechanism,
+            "project": app.project.as_ref().map(|p| serde_json::json!({"path": p.host_path, "mount_point": p.mount_point, "writable": p.writable})),
+            "warnings": app.registry.warnings,
+            "sources": app.registry.sources.iter().map(|(name, about)| serde_json::json!({"name": name, "about": about})).collect::<Vec<_>>(),
+        });
+        text = serde_json::to_string_pretty(&out).unwrap_or_default() + "\n";
+    } else {
+        for e in app.registry.iter() {
+            let l = &e.limits;
+            let _ = writeln!(text, "{}\n    {}", e.name, e.description);
+            let _ = writeln!(text, "    source:      {}", e.origin);
+            let _ = writeln!(text, "    interpreter: {}", e.interpreter.join(" "));
+            let _ = writeln!(
+                text,
+                "    limits:      timeout {} ms, memory {} MiB, {} processes, cpu {} s, files {} MiB, {} open files, workspace {} MiB, output {} B kept per stream, killed past {} MiB",
+                l.timeout.as_millis(),
+                l.memory_bytes >> 20,
+                l.pids,
+                l.cpu_seconds,
+                l.file_size_bytes >> 20,
+                l.open_files,
+                l.workspace_bytes >> 20,
+                l.output_bytes,
+                l.output_limit_bytes >> 20
+            );
+            let _ = writeln!(
+                text,
+                "    network:     {}",
+                if e.network { "on" } else { "off" }
+            );
+        }
+        for (alias, target) in app.registry.aliases() {
+            let _ = writeln!(text, "({alias} is another name for {target})");
+        }
+        let _ = writeln!(text, "limits enforced with: {mechanism}");
+        match (&app.project, &app.project_note) {
+            (Some(p), _) => {
+                let mode = if p.writable {
+                    "read-write"
+                } else {
+                    "read-only"
+                };
+                let _ = writeln!(
+                    text,
+                    "project: {} at {} ({mode})",
+                    p.host_path.display(),
+                    p.mount_point
+                );
+            }
+            (None, Some(note)) => {
+                let _ = writeln!(text, "project: {note}");
+            }
+            (None, None) => {}
+        }
+        for w in &app.registry.warnings {
+            let _ = writeln!(text, "warning: {w}");
+        }
+    }
+    app.executor.shutdown().await;
+    let mut out = Out::default();
+    out.print(&text);
+    out.finish(ExitCode::SUCCESS)
+}

@@ -1,0 +1,392 @@
+//! The command line: `--stdio` (the MCP server, `serve.rs`), `run`
+//! (`run.rs`), `envs` (`envs.rs`), `doctor`, `client-config` and `schema`.
+//! Parses arguments with clap, sets up logging on stderr, and drives the
+//! other modules; holds no sandbox logic of its own.
+
+mod envs;
+mod run;
+mod serve;
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{ArgAction, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{self, App, StartOptions};
+use crate::exec::{ExecError, LimitKind, Observer, Request, Stream};
+use crate::jobs::Jobs;
+use crate::registry::artifact;
+use crate::server::{SandboxServer, Shared};
+use crate::sessions::Sessions;
+
+const ABOUT: &str = "Run code from AI agents in bubblewrap sandboxes built from Nix or the host";
+
+const LONG_ABOUT: &str = "\
+nix-sandbox-mcp is a Model Context Protocol (MCP) server whose tool is \
+run(code, env). Each environment (bash, python, node, or one built by Nix) \
+runs in a bubblewrap sandbox: new user, pid, ipc, uts, cgroup and network \
+namespaces, no capabilities, a read-only root, the project mounted read-only \
+at /project, a fresh writable /workspace, a seccomp filter, and limits on \
+time, memory, processes, CPU, file size, open files and output.
+
+Calls may name a session to keep interpreter state (variables, the working \
+directory, /workspace) across calls, or run in the background as jobs read \
+with the job tool.
+
+Without a configuration file it serves the host's bash, python3 and node \
+(host mode), found as the shell finds them: through pyenv, asdf, mise and \
+volta shims, a virtualenv or an nvm install first on PATH, whose directory \
+is then bound read-only (never a home directory itself); an entry that \
+cannot be served is passed over with a warning and the fix. With Nix it \
+serves sandbox artifacts built by the flake.";
+
+const AFTER_HELP: &str = "\
+CONFIGURATION
+    The configuration is read from --config PATH, else from
+    $XDG_CONFIG_HOME/nix-sandbox-mcp/config.toml (~/.config/... when
+    XDG_CONFIG_HOME is unset) when that file exists, else built-in defaults
+    apply. config.example.toml in the source documents every key.
+
+ENVIRONMENT
+    PROJECT_DIR        Host directory mounted as the project (overrides [project] path;
+                       default: the current directory, unless it is / or $HOME).
+    PROJECT_MOUNT      Where the project appears in the sandbox (default /project).
+    NIX_SANDBOX_DIR    Directories (colon-separated) of pre-built sandbox artifacts
+                       (default: ~/.config/nix-sandbox-mcp/sandboxes).
+    NIX_SANDBOX_ENVS   Comma-separated flake references built into artifacts at start-up.
+    NIX_SANDBOX_LIMITS auto (default: cgroup v2, else v1, else rlimits) or rlimits
+                       (never use cgroups).
+    RUST_LOG           Log filter, e.g. debug or nix_sandbox_mcp=trace (logs go to stderr).
+    NIX_SANDBOX_MCP_COMMAND
+                       The command client-config tells clients to run (the Nix
+                       package's wrapper sets it to itself; default: this binary).
+
+EXIT STATUS
+    run exits with the program's own status; 124 when it timed out, 125 when a
+    limit other than time ended it, 126 when the sandbox could not start, 2
+    when there is no code to run (empty or only whitespace), 141 when its
+    standard output was closed early (as by `| head`), which ends the run.
+    doctor exits 0 when every check passed (warnings allowed), 1 otherwise.
+    Every command that prints stops quietly when its output is closed.
+
+EXAMPLES
+    nix-sandbox-mcp --stdio
+    nix-sandbox-mcp client-config claude-code | sh
+    nix-sandbox-mcp client-config vscode > .vscode/mcp.json
+    nix-sandbox-mcp run --env python 'print(6 * 7)'
+    echo 'ls /project' | nix-sandbox-mcp run --env bash -
+    nix-sandbox-mcp envs
+    nix-sandbox-mcp doctor";
+
+#[derive(Parser, Debug)]
+#[command(name = "nix-sandbox-mcp", version, about = ABOUT, long_about = LONG_ABOUT, after_long_help = AFTER_HELP)]
+// A later --config replaces an earlier one: the Nix package's wrapper passes
+// its own, and the user's must win.
+#[command(args_override_self = true)]
+struct Cli {
+    /// Serve MCP over standard input and output (what MCP clients launch)
+    #[arg(long)]
+    stdio: bool,
+
+    /// Read the configuration from this TOML file
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+
+    /// Log more to stderr: -v for debug, -vv for trace (RUST_LOG overrides)
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run code once in an environment's sandbox and stream its output
+    ///
+    /// The code comes from the CODE argument, from a file (-f), or from
+    /// standard input (CODE is `-`); code that is empty or only whitespace is
+    /// refused (exit status 2), as it is over MCP. Output streams to the
+    /// terminal as it is produced; the exit status is the program's own.
+    Run {
+        /// Environment to run in (see `envs`)
+        #[arg(short, long, value_name = "NAME", required_unless_present = "artifact")]
+        env: Option<String>,
+        /// Run in the sandbox artifact in DIR instead of a configured environment
+        #[arg(long, value_name = "DIR", conflicts_with = "env")]
+        artifact: Option<PathBuf>,
+        /// Read the code from FILE
+        #[arg(
+            short = 'f',
+            long = "file",
+            value_name = "FILE",
+            conflicts_with = "code"
+        )]
+        file: Option<PathBuf>,
+        /// The code to run, or `-` to read it from standard input
+        #[arg(value_name = "CODE", required_unless_present = "file")]
+        code: Option<String>,
+    },
+    /// List the environments: name, description, source, interpreter, limits
+    Envs {
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check that sandboxing works here and say how to fix what does not
+    ///
+    /// Checks, in order: the configuration, bubblewrap, a test sandbox with
+    /// every namespace, the limit mechanism, the seccomp filter, the project
+    /// directory, each environment (started once in its sandbox), and the
+    /// README's first example (`run -e python 'print(6 * 7)'`). Each problem
+    /// comes with a fix. Exits 1 when a check failed.
+    Doctor {
+        /// Print JSON for scripts: {"version": 1, "ok": BOOL, "checks":
+        /// [{"name", "status": "ok"|"warn"|"fail", "detail", "fix"}]}
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the configuration that makes an MCP client start this server
+    ///
+    /// For claude-code, the `claude mcp add` command to run; for the others,
+    /// the JSON or TOML to merge into the client's file (where it goes is
+    /// printed on standard error). The command is this binary's own path and
+    /// `--stdio`, with `--config` when one is given and PROJECT_DIR with
+    /// --project-dir.
+    ClientConfig {
+        /// The MCP client
+        #[arg(value_enum, required_unless_present = "all")]
+        client: Option<crate::clients::Client>,
+        /// Print every client's configuration, as Markdown
+        #[arg(long, conflicts_with = "client")]
+        all: bool,
+        /// The server's name in the client's configuration
+        #[arg(long, value_name = "NAME", default_value = crate::clients::DEFAULT_NAME)]
+        name: String,
+        /// Mount this directory as the project (sets PROJECT_DIR) instead of
+        /// the directory the client starts the server in
+        #[arg(long, value_name = "DIR")]
+        project_dir: Option<PathBuf>,
+    },
+    /// Print the JSON schema of the configuration file
+    ///
+    /// Editors and TOML tools can check a config.toml against it as it is
+    /// written (for example taplo, with `#:schema ./config-schema.json` on
+    /// the file's first line).
+    Schema,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let running = matches!(cli.command, Some(Command::Run { .. }));
+    init_logging(cli.verbose, cli.stdio, running);
+    // Processes a sandbox leaves behind come back to us, not to PID 1
+    // (which in a container may never reap them).
+    if let Err(e) = crate::exec::spawn::become_subreaper() {
+        tracing::warn!("cannot become the reaper of orphaned sandbox processes: {e}");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nix-sandbox-mcp: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(dispatch(cli));
+    // Runs killed at shutdown may still be settling; don't wait for blocked readers.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
+}
+
+fn init_logging(verbose: u8, serving: bool, running: bool) {
+    // rmcp logs every message at info; keep it for -v. `run` reports the
+    // registry's warnings about its own environment only (see run_once).
+    let default = match verbose {
+        0 if serving => "info,rmcp=warn",
+        0 if running => "warn,nix_sandbox_mcp::registry=error",
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
+async fn dispatch(cli: Cli) -> ExitCode {
+    let opts = StartOptions {
+        config: cli.config.clone(),
+        load_environments: true,
+        quick: false,
+        prestart: false,
+    };
+    match cli.command {
+        None if cli.stdio => {
+            serve::serve_stdio(&StartOptions {
+                prestart: true,
+                ..opts
+            })
+            .await
+        }
+        Some(_) if cli.stdio => {
+            eprintln!("nix-sandbox-mcp: --stdio serves MCP and takes no command");
+            ExitCode::from(2)
+        }
+        None => {
+            eprintln!(
+                "nix-sandbox-mcp: nothing to do. Use --stdio to serve MCP, or one of the commands run, envs, doctor, client-config, schema (see --help)."
+            );
+            ExitCode::from(2)
+        }
+        Some(Command::Run {
+            env,
+            artifact,
+            file,
+            code,
+        }) => run::run_once(&opts, env, artifact, file, code).await,
+        Some(Command::Envs { json }) => envs::list_envs(&opts, json).await,
+        Some(Command::Doctor { json }) => doctor(&opts, json).await,
+        // Without a client, clap has made sure --all was given.
+        Some(Command::ClientConfig {
+            client,
+            all: _,
+            name,
+            project_dir,
+        }) => client_config(cli.config, client, &name, project_dir),
+        Some(Command::Schema) => {
+            let schema = crate::config::json_schema();
+            let mut out = Out::default();
+            out.print(&(serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"));
+            out.finish(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("nix-sandbox-mcp: {e}");
+    ExitCode::from(1)
+}
+
+/// Standard output of the commands that print. A reader that goes away
+/// early (`envs | head`) is not an error: printing stops quietly, as it
+/// would in a Unix filter, and the command ends normally.
+#[derive(Default)]
+struct Out {
+    closed: bool,
+    failed: bool,
+}
+
+impl Out {
+    fn print(&mut self, text: &str) {
+        if self.closed {
+            return;
+        }
+        let mut stdout = std::io::stdout().lock();
+        if let Err(e) = stdout
+            .write_all(text.as_bytes())
+            .and_then(|_| stdout.flush())
+        {
+            self.closed = true;
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                self.failed = true;
+                eprintln!("nix-sandbox-mcp: cannot write to standard output: {e}");
+            }
+        }
+    }
+
+    /// `code`, unless writing failed for a reason other than a closed pipe.
+    fn finish(&self, code: ExitCode) -> ExitCode {
+        if self.failed { ExitCode::from(1) } else { code }
+    }
+}
+
+/// The command clients run: the Nix package's wrapper names itself in
+/// NIX_SANDBOX_MCP_COMMAND (its variables and flags must not be skipped);
+/// otherwise this binary.
+fn own_command() -> std::io::Result<PathBuf> {
+    match std::env::var_os("NIX_SANDBOX_MCP_COMMAND").map(PathBuf::from) {
+        Some(wrapper) if wrapper.is_absolute() => Ok(wrapper),
+        _ => std::env::current_exe().and_then(std::fs::canonicalize),
+    }
+}
+
+fn client_config(
+    config: Option<PathBuf>,
+    client: Option<crate::clients::Client>,
+    name: &str,
+    project_dir: Option<PathBuf>,
+) -> ExitCode {
+    use crate::clients::{self, Launch};
+    if !clients::is_valid_name(name) {
+        eprintln!(
+            "nix-sandbox-mcp: --name {name:?}: use letters, digits, '-' and '_' (at most 64)"
+        );
+        return ExitCode::from(2);
+    }
+    let command = match own_command() {
+        Ok(c) => c,
+        Err(e) => return fail(format!("cannot tell where this binary is: {e}")),
+    };
+    // The client starts elsewhere: paths become absolute, and a broken
+    // configuration is reported now rather than by the client.
+    let config = match config.map(|c| std::fs::canonicalize(&c).map_err(|e| (c, e))) {
+        Some(Err((c, e))) => return fail(format!("--config {}: {e}", c.display())),
+        Some(Ok(c)) => {
+            if let Err(e) = crate::config::load(Some(&c)) {
+                return fail(e);
+            }
+            Some(c)
+        }
+        None => None,
+    };
+    let project_dir = match project_dir.map(|d| (std::fs::canonicalize(&d), d)) {
+        Some((Ok(real), _)) if real.is_dir() => Some(real),
+        Some((_, d)) => {
+            return fail(format!("--project-dir {}: not a directory", d.display()));
+        }
+        None => None,
+    };
+    let launch = Launch::new(name, command, config, project_dir);
+    let mut out = Out::default();
+    match client {
+        Some(c) => {
+            out.print(&c.render(&launch));
+            eprintln!("nix-sandbox-mcp: {}", c.destination());
+        }
+        None => out.print(&clients::markdown(&launch)),
+    }
+    out.finish(ExitCode::SUCCESS)
+}
+
+async fn doctor(opts: &StartOptions, json: bool) -> ExitCode {
+    let mut out = Out::default();
+    let findings = crate::doctor::run(opts, |f| {
+        if !json {
+            out.print(&f.to_text());
+        }
+    })
+    .await;
+    if json {
+        let v = crate::doctor::to_json(&findings);
+        out.print(&(serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"));
+    } else {
+        out.print(&crate::doctor::summary(&findings));
+    }
+    let status = match crate::doctor::failures(&findings) {
+        0 => ExitCode::SUCCESS,
+        _ => ExitCode::from(1),
+    };
+    out.finish(status)
+}

@@ -1,0 +1,165 @@
+//! `run`: one call from a terminal, its output echoed as it arrives, its
+//! exit status the program's own.
+
+use super::*;
+
+/// Echoes a run's output to the terminal as it arrives. When standard
+/// output is closed (`run … | head`), the run is cancelled, as a pipeline's
+/// SIGPIPE would end the program.
+struct Echo {
+    stdout_closed: std::sync::atomic::AtomicBool,
+    cancel: CancellationToken,
+}
+
+impl Observer for Echo {
+    fn output(&self, stream: Stream, data: &[u8]) {
+        match stream {
+            Stream::Stdout => {
+                let mut stdout = std::io::stdout().lock();
+                let written = stdout.write_all(data).and_then(|_| stdout.flush());
+                if written.is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) {
+                    self.stdout_closed
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.cancel.cancel();
+                }
+            }
+            Stream::Stderr => {
+                let _ = std::io::stderr().lock().write_all(data);
+            }
+        }
+    }
+}
+
+/// How to pass code to `run`, for messages about missing code.
+const HOW_TO_PASS_CODE: &str = "pass the program text as the CODE argument, in a file with -f FILE, or on standard input with `-`";
+
+pub(super) async fn run_once(
+    opts: &StartOptions,
+    env_name: Option<String>,
+    artifact_dir: Option<PathBuf>,
+    file: Option<PathBuf>,
+    code: Option<String>,
+) -> ExitCode {
+    let (code, source) = match (file, code.as_deref()) {
+        (Some(f), _) => (
+            std::fs::read(&f).map_err(|e| format!("cannot read {}: {e}", f.display())),
+            format!("the file {}", f.display()),
+        ),
+        (None, Some("-")) => {
+            let mut buf = Vec::new();
+            let read = std::io::stdin()
+                .read_to_end(&mut buf)
+                .map(|_| buf)
+                .map_err(|e| format!("cannot read standard input: {e}"));
+            (read, "standard input".to_string())
+        }
+        (None, Some(c)) => (Ok(c.as_bytes().to_vec()), "the CODE argument".to_string()),
+        (None, None) => (Ok(Vec::new()), "the command line".to_string()),
+    };
+    let code = match code {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    // The same rule as the MCP tool's: code that is empty or only
+    // whitespace is a mistake, not a program.
+    if String::from_utf8_lossy(&code).trim().is_empty() {
+        let what = if code.is_empty() {
+            "is empty"
+        } else {
+            "holds only whitespace"
+        };
+        eprintln!("nix-sandbox-mcp: no code to run: {source} {what}; {HOW_TO_PASS_CODE}");
+        return ExitCode::from(2);
+    }
+    let app = match app::start(&StartOptions {
+        load_environments: artifact_dir.is_none(),
+        quick: true,
+        ..opts.clone()
+    })
+    .await
+    {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let env = match (&artifact_dir, &env_name) {
+        (Some(dir), _) => match artifact::load(dir, app.config.defaults) {
+            Ok(e) => Arc::new(e),
+            Err(e) => return fail(format!("sandbox artifact {}: {e}", dir.display())),
+        },
+        (None, Some(name)) => match app.registry.get(name) {
+            Some(e) => e.clone(),
+            None => {
+                return fail(format!(
+                    "there is no environment {name:?}; available: {}",
+                    app.registry.names().join(", ")
+                ));
+            }
+        },
+        (None, None) => return fail("give --env NAME or --artifact DIR"),
+    };
+    if let Some(name) = &env_name {
+        let about = format!("environment {} ", env.name);
+        let alias = format!("environment {name} ");
+        for w in app.registry.warnings.iter() {
+            if w.starts_with(&about) || w.starts_with(&alias) {
+                eprintln!("nix-sandbox-mcp: warning: {w}");
+            }
+        }
+    }
+    let inherited = crate::config::read_inherited(&app.config.project.inherit_names());
+    let cancel = CancellationToken::new();
+    let echo = Arc::new(Echo {
+        stdout_closed: Default::default(),
+        cancel: cancel.clone(),
+    });
+    let interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            interrupt.cancel();
+        }
+    });
+    let outcome = app
+        .executor
+        .run(Request {
+            env: &env,
+            code: &code,
+            project: app.project.as_ref(),
+            inherited: &inherited,
+            cancel,
+            observer: Some(echo.clone()),
+        })
+        .await;
+    app.executor.shutdown().await;
+    let o = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("nix-sandbox-mcp: {e}");
+            if let ExecError::Setup(message) = &e {
+                eprintln!("  fix: {}", app::diagnose_sandbox_failure(message));
+            }
+            return ExitCode::from(126);
+        }
+    };
+    if let Some(limit) = o.limit {
+        let what = match limit {
+            LimitKind::Timeout => format!("timed out after {} ms", env.limits.timeout.as_millis()),
+            other => format!("stopped by the {} limit", other.as_str()),
+        };
+        eprintln!("nix-sandbox-mcp: {what}");
+        return ExitCode::from(if limit == LimitKind::Timeout {
+            124
+        } else {
+            125
+        });
+    }
+    if echo
+        .stdout_closed
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return ExitCode::from(141);
+    }
+    if o.cancelled {
+        return ExitCode::from(130);
+    }
+    ExitCode::from(o.exit_code.map(|c| c.clamp(0, 255) as u8).unwrap_or(1))
+}

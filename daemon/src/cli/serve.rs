@@ -1,0 +1,71 @@
+//! `--stdio`: the MCP server over standard input and output, from start-up
+//! to shutdown (every run in flight killed, every session closed).
+
+use super::*;
+
+pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
+    use rmcp::ServiceExt;
+    let app = match app::start(opts).await {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let App {
+        registry,
+        executor,
+        project,
+        config,
+        audit,
+        ..
+    } = app;
+    tracing::info!(
+        "serving {} environment(s) over stdio: {}; limits: {}",
+        registry.len(),
+        registry.names().join(", "),
+        executor.enforcer().describe()
+    );
+
+    let shutdown = CancellationToken::new();
+    let inherited = crate::config::read_inherited(&config.project.inherit_names());
+    let sessions = Arc::new(Sessions::new(
+        executor.clone(),
+        project.clone(),
+        inherited.clone(),
+        app::session_limits(&config),
+    ));
+    let server = SandboxServer::new(Shared {
+        registry,
+        executor: executor.clone(),
+        project,
+        inherited,
+        shutdown: shutdown.clone(),
+        audit,
+        jobs: Jobs::new(app::job_limits(&config)),
+        sessions: sessions.clone(),
+    });
+    let reaper = tokio::spawn(sessions.clone().reap_forever());
+    let orphans = tokio::spawn(async {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            every.tick().await;
+            crate::exec::spawn::reap_orphans();
+        }
+    });
+    let service = match server.serve(rmcp::transport::stdio_pipes()).await {
+        Ok(s) => s,
+        Err(e) => return fail(format!("MCP initialization failed: {e}")),
+    };
+    let cancel = service.cancellation_token();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let quit = tokio::select! {
+        r = service.waiting() => format!("{r:?}"),
+        _ = tokio::signal::ctrl_c() => { cancel.cancel(); "interrupted".to_string() }
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => "terminated".to_string(),
+    };
+    tracing::info!("shutting down ({quit}); killing runs in flight");
+    shutdown.cancel();
+    reaper.abort();
+    orphans.abort();
+    sessions.close_all().await;
+    executor.shutdown().await;
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,189 @@
+"""Every error code the README documents, produced through the real server
+by a real run: one case per code, and a check that the README's list and
+the cases are the same set. `internal` (a run that ends without an exit
+status) cannot be provoked from outside; its example is the Rust test named
+in RUST_EXAMPLES."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import tempfile
+import time
+
+import anyio
+import pytest
+
+from harness import MODE, ROOT, call, dump, limits_mechanism, run_async, session, write_config
+
+RUST_EXAMPLES = {"internal": ("daemon/tests/error_codes.rs", "a_run_without_an_exit_status_is_an_internal_error")}
+
+
+def documented_codes() -> set[str]:
+    readme = (ROOT / "README.md").read_text()
+    sentence = re.search(r"stable `error\.code` \(([^)]*)\)", readme)
+    assert sentence, "README.md no longer lists the error codes after 'stable `error.code` ('"
+    return set(re.findall(r"`([a-z_]+)`", sentence.group(1)))
+
+
+async def run_error(s, env: str, code: str, **extra) -> dict:
+    sc, text, err = await call(s, env, code, **extra)
+    assert err and sc["ok"] is False, dump(sc)
+    assert f"error[{sc['error']['code']}]" in text and sc["error"]["suggestion"], text
+    return sc
+
+
+async def exit_nonzero(s):
+    return await run_error(s, "bash", "exit 3")
+
+
+async def killed_by_signal(s):
+    sc = await run_error(s, "bash", "kill -SEGV $$")
+    assert sc["signal"] == "SIGSEGV", dump(sc)
+    return sc
+
+
+async def timeout(s):
+    return await run_error(s, "bash", "sleep 30")
+
+
+async def memory_limit(s):
+    if limits_mechanism() == "rlimits":
+        pytest.skip("without a memory cgroup, allocation fails inside the program (exit_nonzero)")
+    return await run_error(s, "python", "x = []\nwhile True: x.append(bytearray(8 << 20))")
+
+
+async def process_limit(s):
+    if limits_mechanism() == "rlimits":
+        pytest.skip("without a pids cgroup, fork fails inside the program (exit_nonzero)")
+    return await run_error(
+        s, "python", "import os, time\nfor i in range(64):\n    if os.fork() == 0:\n        time.sleep(3)\n        os._exit(0)\n"
+    )
+
+
+async def cpu_limit(s):
+    return await run_error(s, "python", "while True: pass")
+
+
+async def output_limit(s):
+    return await run_error(s, "python", "import sys\nwhile True: sys.stdout.write('x' * 65536)")
+
+
+async def file_size_limit(s):
+    # exec, so the program the limit kills is the run's own.
+    return await run_error(s, "bash", "exec head -c 3000000 /dev/zero > /workspace/big")
+
+
+async def cancelled(s):
+    sc, _, err = await call(s, "bash", "sleep 30", background=True)
+    assert not err, dump(sc)
+    r = await s.call_tool("job", {"id": sc["job"], "kill": True})
+    return r.structured_content
+
+
+async def unknown_env(s):
+    sc = await run_error(s, "cobol", "DISPLAY 'HI'.")
+    assert "bash" in sc["error"]["suggestion"], dump(sc)
+    return sc
+
+
+async def unknown_job(s):
+    r = await s.call_tool("job", {"id": "job-99"})
+    assert r.is_error
+    return r.structured_content
+
+
+async def session_expired(s):
+    sc, _, err = await call(s, "bash", "x=1", session="brief")
+    assert not err, dump(sc)
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        await anyio.sleep(0.5)
+        sc, _, err = await call(s, "bash", "echo $x", session="brief")
+        if err:
+            return sc
+    raise AssertionError(f"the session outlived its 2 s lifetime: {dump(sc)}")
+
+
+async def session_mismatch(s):
+    sc, _, err = await call(s, "python", "x = 1", session="data")
+    assert not err, dump(sc)
+    return await run_error(s, "bash", "echo hi", session="data")
+
+
+async def invalid_input(s):
+    # Empty code, refused the same way as by `nix-sandbox-mcp run`.
+    sc = await run_error(s, "bash", "  \n")
+    assert "empty" in sc["error"]["message"], dump(sc)
+    return sc
+
+
+async def busy(s):
+    results: list[dict] = []
+
+    async def one() -> None:
+        sc, _, _ = await call(s, "bash", "sleep 1")
+        results.append(sc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(one)
+    found = [r for r in results if r.get("error", {}).get("code") == "busy"]
+    assert found, [dump(r) for r in results]
+    return found[0]
+
+
+async def sandbox_unavailable(s):
+    # The interpreter's directory disappears after start-up: bubblewrap
+    # cannot set the sandbox up, and the call says it is the host's fault.
+    shutil.rmtree(GONE)
+    for _ in range(3):
+        sc, _, err = await call(s, "gone", "echo never")
+        if err and sc["error"]["code"] == "sandbox_unavailable":
+            assert "doctor" in sc["error"]["suggestion"], dump(sc)
+            return sc
+    raise AssertionError(dump(sc))
+
+
+# A copy of bash in an install prefix of its own, for `sandbox_unavailable`
+# (outside /tmp, which every sandbox has its own of).
+GONE = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-", dir="/var/tmp")) / "prefix"
+GONE.parent.chmod(0o755)
+if MODE == "host":
+    (GONE / "bin").mkdir(parents=True)
+    shutil.copy(shutil.which("bash", path="/usr/bin:/bin"), GONE / "bin" / "bash")
+    for p in (GONE, GONE / "bin"):
+        p.chmod(0o755)
+CONFIG = write_config(
+    "[defaults]\ntimeout_ms = 3000\nmemory_mb = 128\npids = 16\ncpu_seconds = 1\nfile_size_mb = 1\noutput_limit_mb = 1\n"
+    "[server]\nmax_concurrent_runs = 1\nmax_queued_runs = 1\nsession_max_lifetime_seconds = 2\n"
+    '[environments.bash]\npreset = "bash"\n[environments.python]\npreset = "python"\n'
+    f'[environments.gone]\ninterpreter = "{GONE}/bin/bash {{file}}"\n'
+)
+
+CASES = {f.__name__: f for f in (
+    exit_nonzero, killed_by_signal, timeout, memory_limit, process_limit, cpu_limit, output_limit, file_size_limit,
+    cancelled, unknown_env, unknown_job, session_expired, session_mismatch, invalid_input, busy, sandbox_unavailable,
+)}
+
+
+def test_every_documented_code_has_an_example():
+    documented = documented_codes()
+    assert documented == set(CASES) | set(RUST_EXAMPLES), (
+        f"documented, no example: {sorted(documented - set(CASES) - set(RUST_EXAMPLES))}; "
+        f"example, not documented: {sorted(set(CASES) | set(RUST_EXAMPLES) - documented)}"
+    )
+    for code, (path, test) in RUST_EXAMPLES.items():
+        source = (ROOT / path).read_text()
+        assert f"fn {test}(" in source and f'"{code}"' in source, (code, path, test)
+
+
+@pytest.mark.skipif(MODE != "host", reason="host-mode environments")
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_the_code_is_produced(code):
+    async def t():
+        async with session(config=CONFIG) as s:
+            sc = await CASES[code](s)
+            assert sc["error"]["code"] == code, dump(sc)
+    run_async(t)
