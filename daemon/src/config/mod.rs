@@ -28,6 +28,9 @@ pub struct Config {
     pub project: ProjectSettings,
     /// `None` when the file has no `[environments]` table: the built-in presets are served.
     pub environments: Option<BTreeMap<String, EnvironmentSettings>>,
+    /// `[commands.NAME]`: declared commands, validated by `commands` once
+    /// the environments are known.
+    pub commands: BTreeMap<String, crate::commands::CommandDecl>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default, JsonSchema)]
@@ -181,6 +184,10 @@ struct RawConfig {
     #[serde(default)]
     project: RawProject,
     environments: Option<BTreeMap<EnvName, EnvironmentSettings>>,
+    // Left out of the schema until the Nix side checks these tables.
+    #[serde(default)]
+    #[schemars(skip)]
+    commands: BTreeMap<crate::commands::declaration::CommandName, crate::commands::CommandDecl>,
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -330,6 +337,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
             inherit_env: raw.project.inherit_env.vars,
         },
         environments,
+        commands: raw.commands.into_iter().map(|(k, v)| (k.0, v)).collect(),
     })
 }
 
