@@ -417,6 +417,34 @@ mod tests {
     }
 
     #[test]
+    fn the_configuration_file_declares_commands_with_located_errors() {
+        let file = Path::new("/etc/nsm.toml");
+        let c = crate::config::parse(&format!("[server]\n{LS}"), file).unwrap();
+        assert_eq!(c.commands["ls"].argv, ["ls"]);
+        let e = crate::config::parse(&format!("{LS}timeout_ms = 0\n"), file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/etc/nsm.toml:5") && e.contains("commands.ls.timeout_ms"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let text = format!("[server]\n{}", LS.replace("\"ls\"]", "\"ls\", \"{{x}}\"]"));
+        std::fs::write(&path, &text).unwrap();
+        let config = crate::config::parse(&text, &path).unwrap();
+        let e = Commands::load(Setup {
+            declared: &config.commands,
+            config_file: Some(&path),
+            envs: vec!["bash".into()],
+            project: None,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("config.toml:5: key `commands.ls.argv`"), "{e}");
+    }
+
+    #[test]
     fn reserved_names_get_a_prefix_and_clashes_are_errors() {
         let run = LS.replace("commands.ls", "commands.run");
         let c = load(&format!("{LS}{run}"), None).unwrap();
