@@ -132,6 +132,16 @@ pub enum Danger {
     High,
 }
 
+impl Danger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Danger::Safe => "safe",
+            Danger::Moderate => "moderate",
+            Danger::High => "high",
+        }
+    }
+}
+
 /// A command's network access. An allowlist is accepted as written and
 /// enforced by the network proxy; until a build has one, such a command is
 /// refused when called rather than given the whole network.

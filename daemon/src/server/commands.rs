@@ -354,11 +354,7 @@ fn question(offered: &Offered, inv: &ResolvedInvocation) -> String {
         inv.display_argv(),
         inv.workdir,
         inv.env,
-        match c.danger {
-            crate::commands::declaration::Danger::Safe => "safe",
-            crate::commands::declaration::Danger::Moderate => "moderate",
-            crate::commands::declaration::Danger::High => "high",
-        },
+        c.danger.as_str(),
         if c.network.is_on() { "on" } else { "off" }
     )
 }
