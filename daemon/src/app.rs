@@ -156,6 +156,27 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
     ))
 }
 
+/// The declared commands: the configuration's `[commands.NAME]` and the
+/// project file's, checked against the environments that loaded.
+pub fn declared_commands(
+    config: &Config,
+    registry: &Registry,
+    project: Option<&ProjectMount>,
+) -> Result<crate::commands::Commands, crate::commands::LoadError> {
+    let envs = registry
+        .names()
+        .into_iter()
+        .map(str::to_string)
+        .chain(registry.aliases().keys().cloned())
+        .collect();
+    crate::commands::Commands::load(crate::commands::Setup {
+        declared: &config.commands,
+        config_file: config.file.as_deref(),
+        envs,
+        project,
+    })
+}
+
 /// Bounds on background jobs, from `[server]`.
 pub fn job_limits(config: &Config) -> JobLimits {
     let s = &config.server;

@@ -1,6 +1,8 @@
 //! The optional audit log: one JSON line per run (time, environment, what ran
-//! it, a SHA-256 of the code, how it ended, the limit that fired, output sizes).
-//! Code and output are recorded only when configured to be.
+//! it, a SHA-256 of the code, how it ended, the limit that fired, output sizes),
+//! and one per step of a declared command's call (asked, confirmed, declined,
+//! expired, refused, run). Code, argv and output are recorded only when
+//! configured to be; confirmation tokens never are.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -32,6 +34,22 @@ pub struct Entry<'a> {
     pub error: Option<&'a str>,
 }
 
+/// What to record about one step of a declared command's call.
+pub struct CommandEntry<'a> {
+    /// "asked", "confirmed", "declined", "expired", "refused" or "run".
+    pub event: &'a str,
+    pub command: &'a str,
+    pub env: &'a str,
+    /// The resolved argv, recorded as the code is (only when configured).
+    pub argv: &'a [String],
+    /// SHA-256 of the resolved invocation, which a confirmation is bound to.
+    pub invocation: &'a [u8; 32],
+    /// How the user was asked: "elicitation" or "token".
+    pub via: Option<&'a str>,
+    pub outcome: Option<&'a Outcome>,
+    pub error: Option<&'a str>,
+}
+
 impl AuditLog {
     /// Opens `path` for appending (created with mode 0600).
     pub fn open(path: &Path, include_code: bool, include_output: bool) -> io::Result<AuditLog> {
@@ -48,7 +66,30 @@ impl AuditLog {
     }
 
     pub fn record(&self, e: &Entry) {
-        let line = self.line(e, SystemTime::now());
+        self.write(&self.line(e, SystemTime::now()));
+    }
+
+    pub fn record_command(&self, e: &CommandEntry) {
+        let mut v = json!({
+            "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            "kind": "command",
+            "event": e.event,
+            "command": e.command,
+            "env": e.env,
+            "invocation_sha256": hex(e.invocation),
+            "via": e.via,
+            "error": e.error,
+        });
+        if let Some(o) = e.outcome {
+            self.outcome(&mut v, o);
+        }
+        if self.include_code {
+            v["argv"] = json!(e.argv);
+        }
+        self.write(&v);
+    }
+
+    fn write(&self, line: &Value) {
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(err) = writeln!(f, "{line}") {
             tracing::warn!("cannot write the audit log: {err}");
@@ -67,24 +108,28 @@ impl AuditLog {
             "error": e.error,
         });
         if let Some(o) = e.outcome {
-            v["exit_code"] = json!(o.exit_code);
-            v["signal"] = json!(o.signal);
-            v["duration_ms"] = json!(o.duration.as_millis() as u64);
-            v["timed_out"] = json!(o.timed_out);
-            v["limit"] = json!(o.limit.map(|l| l.as_str()));
-            v["cpu_ms"] = json!(o.usage.cpu.map(|c| c.as_millis() as u64));
-            v["peak_memory_bytes"] = json!(o.usage.peak_memory_bytes);
-            v["stdout_bytes"] = json!(o.stdout.total_bytes);
-            v["stderr_bytes"] = json!(o.stderr.total_bytes);
-            if self.include_output {
-                v["stdout"] = json!(o.stdout.text);
-                v["stderr"] = json!(o.stderr.text);
-            }
+            self.outcome(&mut v, o);
         }
         if self.include_code {
             v["code"] = json!(String::from_utf8_lossy(e.code));
         }
         v
+    }
+
+    fn outcome(&self, v: &mut Value, o: &Outcome) {
+        v["exit_code"] = json!(o.exit_code);
+        v["signal"] = json!(o.signal);
+        v["duration_ms"] = json!(o.duration.as_millis() as u64);
+        v["timed_out"] = json!(o.timed_out);
+        v["limit"] = json!(o.limit.map(|l| l.as_str()));
+        v["cpu_ms"] = json!(o.usage.cpu.map(|c| c.as_millis() as u64));
+        v["peak_memory_bytes"] = json!(o.usage.peak_memory_bytes);
+        v["stdout_bytes"] = json!(o.stdout.total_bytes);
+        v["stderr_bytes"] = json!(o.stderr.total_bytes);
+        if self.include_output {
+            v["stdout"] = json!(o.stdout.text);
+            v["stderr"] = json!(o.stderr.text);
+        }
     }
 }
 
@@ -172,6 +217,49 @@ mod tests {
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
         );
+    }
+
+    #[test]
+    fn records_command_steps_with_the_argv_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        for include in [false, true] {
+            let path = dir.path().join(format!("audit-{include}.jsonl"));
+            let log = AuditLog::open(&path, include, false).unwrap();
+            let argv = vec![
+                "git".to_string(),
+                "push".to_string(),
+                "SECRET-BRANCH".to_string(),
+            ];
+            let o = outcome();
+            for (event, outcome) in [("asked", None), ("confirmed", None), ("run", Some(&o))] {
+                log.record_command(&CommandEntry {
+                    event,
+                    command: "push",
+                    env: "bash",
+                    argv: &argv,
+                    invocation: &[0xab; 32],
+                    via: Some("token"),
+                    outcome,
+                    error: None,
+                });
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(text.contains("SECRET-BRANCH"), include, "{text}");
+            let lines: Vec<Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(
+                lines
+                    .iter()
+                    .map(|l| l["event"].as_str().unwrap())
+                    .collect::<Vec<_>>(),
+                ["asked", "confirmed", "run"]
+            );
+            assert_eq!(lines[0]["kind"], "command");
+            assert_eq!(lines[0]["invocation_sha256"], "ab".repeat(32));
+            assert_eq!(lines[2]["exit_code"], 0);
+        }
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub struct Call<'a> {
     pub status_fd: Option<RawFd>,
     /// Values of the `inherit_env` variables from the daemon's environment.
     pub inherited: &'a [(String, String)],
+    /// Where the command starts, when not in [`WORKSPACE`] (a declared
+    /// command's working directory in the project).
+    pub workdir: Option<&'a str>,
 }
 
 /// Where `env`'s code file appears in the sandbox: in the working directory.
@@ -192,7 +195,7 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     if let Some(fd) = call.block_fd {
         a.pair("--block-fd", &fd.to_string());
     }
-    a.pair("--chdir", WORKSPACE);
+    a.pair("--chdir", call.workdir.unwrap_or(WORKSPACE));
     a.0
 }
 
@@ -277,6 +280,7 @@ mod tests {
             seccomp_fds: vec![8, 9],
             status_fd: Some(10),
             inherited,
+            workdir: None,
         };
         bwrap_options(&layout(), &call)
             .into_iter()
@@ -404,6 +408,27 @@ mod tests {
             env().command_for(&code_path(&env())),
             ["python3", "/workspace/.main.py"]
         );
+    }
+
+    #[test]
+    fn a_call_may_start_elsewhere_than_the_workspace() {
+        let e = env();
+        let call = Call {
+            env: &e,
+            project: None,
+            code_file: None,
+            block_fd: None,
+            seccomp_fds: vec![],
+            status_fd: None,
+            inherited: &[],
+            workdir: Some("/project/sub"),
+        };
+        let a: Vec<String> = bwrap_options(&layout(), &call)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(has(&a, &["--chdir", "/project/sub"]));
+        assert!(!has(&a, &["--chdir", "/workspace"]));
     }
 
     #[test]

@@ -7,12 +7,14 @@
 //! and rlimits), `seccomp` (the syscall filter), `platform` (what the host
 //! offers), `server` (the MCP surface), `app` (start-up wiring), `doctor`
 //! (diagnostics), `audit` (the run log), `jobs` (background runs),
-//! `sessions` (state across calls), `clients` (MCP clients' configuration).
+//! `sessions` (state across calls), `commands` (declared commands),
+//! `clients` (MCP clients' configuration).
 
 pub mod app;
 pub mod audit;
 pub mod cli;
 pub mod clients;
+pub mod commands;
 pub mod config;
 pub mod doctor;
 pub mod environment;

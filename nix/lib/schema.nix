@@ -211,8 +211,12 @@ in
         builtins.concatLists (
           util.mapAttrsToList (name: sub: [ name ] ++ names sub) (s.properties or { })
           ++ map names (builtins.attrValues (s.patternProperties or { }))
+          ++ (if builtins.isAttrs (s.additionalProperties or null) then [ (names s.additionalProperties) ] else [ ])
         );
-      tableNames = builtins.attrNames tables ++ [ "inherit_env" ];
+      tableNames = builtins.attrNames tables ++ [
+        "inherit_env"
+        "params"
+      ];
     in
     builtins.filter (n: !(builtins.elem n tableNames)) (util.unique (names json));
 

@@ -24,6 +24,10 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         executor.enforcer().describe()
     );
 
+    let commands = match app::declared_commands(&config, &registry, project.as_ref()) {
+        Ok(c) => Arc::new(c),
+        Err(e) => return fail(e),
+    };
     let shutdown = CancellationToken::new();
     let inherited = crate::config::read_inherited(&config.project.inherit_names());
     let sessions = Arc::new(Sessions::new(
@@ -41,6 +45,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         audit,
         jobs: Jobs::new(app::job_limits(&config)),
         sessions: sessions.clone(),
+        commands,
     });
     let reaper = tokio::spawn(sessions.clone().reap_forever());
     let orphans = tokio::spawn(async {

@@ -29,6 +29,9 @@ pub struct Config {
     pub project: ProjectSettings,
     /// `None` when the file has no `[environments]` table: the built-in presets are served.
     pub environments: Option<BTreeMap<String, EnvironmentSettings>>,
+    /// `[commands.NAME]`: declared commands, validated by `commands` once
+    /// the environments are known.
+    pub commands: BTreeMap<String, crate::commands::CommandDecl>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default, JsonSchema)]
@@ -190,6 +193,8 @@ struct RawConfig {
     #[serde(default)]
     project: RawProject,
     environments: Option<BTreeMap<EnvName, EnvironmentSettings>>,
+    #[serde(default)]
+    commands: BTreeMap<crate::commands::declaration::CommandName, crate::commands::CommandDecl>,
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -282,9 +287,12 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
         // Serde stops at the first problem in the order it visits keys,
         // which is not the file's order (tables are sorted by key); the
         // first failing key in the file is the one to fix first.
+        // A key checked alone lacks its table's other keys: a missing
+        // required one is the isolation's doing, not the key's.
         let first = leaves(document.get_ref())
             .into_iter()
-            .find_map(|leaf| deserialize(leaf.alone(document.span())).err());
+            .filter_map(|leaf| deserialize(leaf.alone(document.span())).err())
+            .find(|(_, e)| !e.message().starts_with("missing field"));
         let (key, error) = first.unwrap_or(whole);
         let mut message = error.message().trim().to_string();
         if let Some(suggestion) = did_you_mean(&message) {
@@ -346,6 +354,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
             inherit_env: raw.project.inherit_env.vars,
         },
         environments,
+        commands: raw.commands.into_iter().map(|(k, v)| (k.0, v)).collect(),
     })
 }
 

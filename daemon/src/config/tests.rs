@@ -209,6 +209,9 @@ fn example_config_parses_and_documents_every_key() {
                 }
             }
         }
+        if let Some(sub) = schema.get("additionalProperties").filter(|s| s.is_object()) {
+            keys(sub, out);
+        }
     }
     let mut keys_found = Vec::new();
     keys(&json_schema(), &mut keys_found);
@@ -218,6 +221,8 @@ fn example_config_parses_and_documents_every_key() {
         "project",
         "environments",
         "inherit_env",
+        "commands",
+        "params",
     ];
     let keys: Vec<&str> = keys_found
         .iter()

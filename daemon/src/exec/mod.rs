@@ -117,6 +117,15 @@ pub struct Bounds {
     pub memory_budget_mib: u64,
 }
 
+/// A command run as is instead of an interpreter on a code file: bubblewrap
+/// execs `argv[0]` (looked up in the environment's `PATH`) with no shell.
+#[derive(Debug, Clone, Copy)]
+pub struct Argv<'a> {
+    pub argv: &'a [String],
+    /// Where it starts, inside the sandbox.
+    pub workdir: &'a str,
+}
+
 /// A sandbox whose program keeps running and takes calls on a control
 /// channel (a session's agent).
 pub struct AgentRequest<'a> {
@@ -221,6 +230,8 @@ impl Executor {
             inherited,
             code_path: crate::jail::code_path(env),
             extra_args: Vec::new(),
+            command: None,
+            workdir: None,
         })?);
         self.inner.pool.keep(&recipe);
         Ok(())
@@ -237,11 +248,27 @@ impl Executor {
 
     /// Runs one call to completion (or timeout, limit, cancellation).
     pub async fn run(&self, req: Request<'_>) -> Result<Outcome, ExecError> {
-        self.run_queued(req, Queue::Bounded).await
+        self.run_call(req, None, Queue::Bounded).await
     }
 
     /// Like [`Executor::run`], waiting for a slot as `queue` says.
     pub async fn run_queued(&self, req: Request<'_>, queue: Queue) -> Result<Outcome, ExecError> {
+        self.run_call(req, None, queue).await
+    }
+
+    /// Runs `argv` (with `req.code` empty) instead of the environment's
+    /// interpreter, in the same jail, limits and capture as [`Executor::run`].
+    /// Never from a prepared sandbox: the command is part of the recipe.
+    pub async fn run_argv(&self, req: Request<'_>, argv: Argv<'_>) -> Result<Outcome, ExecError> {
+        self.run_call(req, Some(argv), Queue::Bounded).await
+    }
+
+    async fn run_call(
+        &self,
+        req: Request<'_>,
+        argv: Option<Argv<'_>>,
+        queue: Queue,
+    ) -> Result<Outcome, ExecError> {
         let limits = req.env.limits;
         if req.code.len() as u64 > limits.file_size_bytes {
             return Err(ExecError::CodeTooLarge {
@@ -255,18 +282,26 @@ impl Executor {
             inherited: req.inherited,
             code_path: crate::jail::code_path(req.env),
             extra_args: Vec::new(),
+            command: argv.as_ref().map(|a| a.argv.to_vec()),
+            workdir: argv.as_ref().map(|a| a.workdir.to_string()),
         })?);
         let _slot = self.inner.admission.slot(&req.cancel, queue).await?;
         let start = Instant::now();
 
-        let prepared = match self.inner.pool.take(&recipe.key) {
+        let pooled = match argv {
+            None => self.inner.pool.take(&recipe.key),
+            Some(_) => None,
+        };
+        let prepared = match pooled {
             Some(p) => p,
             None => {
                 let reservation = self.reserve_memory(&limits, &req.cancel).await?;
                 self.prepare_now(&recipe, Vec::new(), reservation).await?
             }
         };
-        self.inner.pool.refill(&recipe);
+        if argv.is_none() {
+            self.inner.pool.refill(&recipe);
+        }
         let prepared = with_code(prepared, req.code).await?;
         let mut sandbox = prepared
             .start(None)
@@ -365,6 +400,8 @@ impl Executor {
                 requests_r.as_raw_fd().to_string(),
                 replies_w.as_raw_fd().to_string(),
             ],
+            command: None,
+            workdir: None,
         })?);
         let reservation = self.reserve_memory(&req.env.limits, req.cancel).await?;
         let prepared = self

@@ -41,6 +41,8 @@ pub(super) struct Recipe {
     pub(super) programs: Arc<Programs>,
     /// Where the code file appears in the sandbox.
     pub(super) code_path: String,
+    /// Where the command starts, when not in the workspace.
+    pub(super) workdir: Option<String>,
 }
 
 /// Compiled seccomp programs, once per distinct allow-list.
@@ -68,6 +70,11 @@ pub(super) struct Ingredients<'a> {
     pub(super) code_path: String,
     /// Arguments after the interpreter's command (a session agent's descriptors).
     pub(super) extra_args: Vec<String>,
+    /// A command to run instead of the interpreter on the code file (a
+    /// declared command's argv, run as is: no shell).
+    pub(super) command: Option<Vec<String>>,
+    /// Where the command starts, when not in the workspace.
+    pub(super) workdir: Option<String>,
 }
 
 impl Recipe {
@@ -91,8 +98,9 @@ impl Recipe {
             seccomp_fds: vec![0, 0],
             status_fd: Some(0),
             inherited: i.inherited,
+            workdir: i.workdir.as_deref(),
         };
-        let mut command = i.env.command_for(&i.code_path);
+        let mut command = i.command.unwrap_or_else(|| i.env.command_for(&i.code_path));
         command.extend(i.extra_args);
         Ok(Recipe {
             key: RecipeKey {
@@ -111,6 +119,7 @@ impl Recipe {
             init_rlimits,
             programs,
             code_path: i.code_path,
+            workdir: i.workdir,
         })
     }
 }

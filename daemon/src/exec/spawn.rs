@@ -74,6 +74,7 @@ pub(super) fn spawn(
         seccomp_fds: vec![sc0_r.as_raw_fd(), sc1_r.as_raw_fd()],
         status_fd: Some(status_w.as_raw_fd()),
         inherited: &recipe.inherited,
+        workdir: recipe.workdir.as_deref(),
     };
     let options_data = nul_separated(jail::bwrap_options(&platform.layout, &call));
     let options_fd = options_r.as_raw_fd();

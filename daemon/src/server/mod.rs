@@ -1,7 +1,8 @@
-//! The MCP surface: the `run` and `job` tools over rmcp, argument checks with
-//! errors a model can act on, progress and cancellation of calls, and the
-//! translation of runs and jobs into tool results. Knows the registry, the
-//! executor and the job table only through their public interfaces.
+//! The MCP surface: the `run` and `job` tools and the tools of declared
+//! commands (`commands.rs`) over rmcp, argument checks with errors a model
+//! can act on, progress and cancellation of calls, and the translation of
+//! runs and jobs into tool results. Knows the registry, the executor, the
+//! job table and the declared commands only through their public interfaces.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -12,12 +13,13 @@ use rmcp::model::{
     ListToolsResult, PaginatedRequestParams, ProgressToken, ProtocolVersion, ServerCapabilities,
     ServerConfig, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{self, AuditLog};
+use crate::commands::Commands;
 use crate::environment::Environment;
 use crate::exec::{ExecError, Executor, Observer, Outcome, Request};
 use crate::jail::ProjectMount;
@@ -25,6 +27,7 @@ use crate::jobs::Jobs;
 use crate::registry::Registry;
 use crate::sessions::{SessionError, SessionOutcome, Sessions, Start};
 
+mod commands;
 mod progress;
 pub mod result;
 pub mod tool;
@@ -49,6 +52,8 @@ pub struct Shared {
     pub audit: Option<Arc<AuditLog>>,
     pub jobs: Jobs,
     pub sessions: Arc<Sessions>,
+    /// Declared commands, each offered as a tool.
+    pub commands: Arc<Commands>,
 }
 
 #[derive(Clone)]
@@ -58,12 +63,27 @@ pub struct SandboxServer {
     instructions: Arc<String>,
     /// The largest per-stream output cap of any environment: what `job` returns at most.
     output_bytes: usize,
+    /// Set once the client is initialized and the project file is watched.
+    watching: Arc<std::sync::OnceLock<()>>,
 }
 
 /// Where a call reports progress, when the client asked for it.
 struct Progress {
     peer: Peer<RoleServer>,
     token: ProgressToken,
+}
+
+impl Progress {
+    /// Reports a run's live output until the returned task is aborted.
+    fn report(self, live: &Arc<progress::Live>, limit: Duration) -> tokio::task::JoinHandle<()> {
+        let live = live.clone();
+        progress::report(
+            self.peer,
+            self.token,
+            move |elapsed| live.message(elapsed, limit),
+            limit,
+        )
+    }
 }
 
 impl SandboxServer {
@@ -93,11 +113,24 @@ impl SandboxServer {
             tools: Arc::new(tools),
             instructions: Arc::new(instructions),
             output_bytes,
+            watching: Arc::default(),
         }
     }
 
+    /// The tools offered now: `run`, `job`, and the declared commands'
+    /// (with `confirm` when one of them needs confirmation).
     pub fn tools(&self) -> Vec<Tool> {
-        (*self.tools).clone()
+        let catalog = self.shared.commands.catalog();
+        let mut tools = (*self.tools).clone();
+        if catalog.is_empty() {
+            return tools;
+        }
+        tools[0] = tool::with_commands(tools[0].clone(), &catalog);
+        tools.extend(catalog.offered.iter().map(tool::command_tool));
+        if catalog.any_confirm() {
+            tools.push(tool::confirm_tool(&catalog));
+        }
+        tools
     }
 
     pub fn instructions(&self) -> &str {
@@ -175,16 +208,7 @@ impl SandboxServer {
     ) -> CallToolResult {
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
         let live = Arc::new(progress::Live::default());
-        let reporter = progress.map(|p| {
-            let live = live.clone();
-            let limit = env.limits.timeout;
-            progress::report(
-                p.peer,
-                p.token,
-                move |elapsed| live.message(elapsed, limit),
-                limit,
-            )
-        });
+        let reporter = progress.map(|p| p.report(&live, env.limits.timeout));
         let outcome = match session {
             None => self
                 .shared
@@ -569,7 +593,14 @@ pub fn either_cancelled(a: &CancellationToken, b: &CancellationToken) -> Cancell
 
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+        if self.shared.commands.project_file().is_some()
+            && let Some(tools) = capabilities.tools.as_mut()
+        {
+            // The project file's commands come and go while the server runs.
+            tools.list_changed = Some(true);
+        }
+        let mut info = ServerConfig::new(capabilities);
         info.protocol_version = MAX_PROTOCOL;
         info.server_info = Implementation::new("nix-sandbox-mcp", env!("CARGO_PKG_VERSION"))
             .with_title("Nix sandbox");
@@ -602,14 +633,49 @@ impl ServerHandler for SandboxServer {
         match request.name.as_ref() {
             tool::RUN => Ok(self.run(args, context.ct.clone(), progress).await.into()),
             tool::JOB => Ok(self.job(args, progress).await.into()),
-            other => Err(McpError::invalid_params(
-                format!(
-                    "unknown tool {other:?}; this server offers: {}, {}",
-                    tool::RUN,
-                    tool::JOB
-                ),
-                None,
-            )),
+            tool::CONFIRM if self.shared.commands.catalog().any_confirm() => Ok(self
+                .confirm(args, context.ct.clone(), progress)
+                .await
+                .into()),
+            other => {
+                let catalog = self.shared.commands.catalog();
+                match catalog.by_tool(other) {
+                    Some(offered) => Ok(self
+                        .call_command(offered, args, &context, progress)
+                        .await
+                        .into()),
+                    None => Err(McpError::invalid_params(
+                        format!(
+                            "unknown tool {other:?}; this server offers: {}",
+                            self.tools()
+                                .iter()
+                                .map(|t| t.name.as_ref())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        None,
+                    )),
+                }
+            }
         }
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if self.watching.set(()).is_err() {
+            return;
+        }
+        let peer = context.peer;
+        crate::commands::watch::spawn(
+            self.shared.commands.clone(),
+            move || {
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = peer.notify_tool_list_changed().await {
+                        tracing::debug!("cannot tell the client the tools changed: {e}");
+                    }
+                });
+            },
+            self.shared.shutdown.clone(),
+        );
     }
 }

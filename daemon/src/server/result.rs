@@ -29,6 +29,14 @@ pub enum ErrorCode {
     Busy,
     SandboxUnavailable,
     Internal,
+    /// A declared command waits for the user's confirmation (a token was issued).
+    ConfirmationRequired,
+    /// The user declined or dismissed the question: nothing ran.
+    ConfirmationDeclined,
+    /// No answer in time, or the token expired: nothing ran.
+    ConfirmationExpired,
+    /// A token that is unknown, used, or bound to another invocation: nothing ran.
+    ConfirmationInvalid,
 }
 
 impl ErrorCode {
@@ -51,6 +59,10 @@ impl ErrorCode {
             ErrorCode::Busy => "busy",
             ErrorCode::SandboxUnavailable => "sandbox_unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::ConfirmationRequired => "confirmation_required",
+            ErrorCode::ConfirmationDeclined => "confirmation_declined",
+            ErrorCode::ConfirmationExpired => "confirmation_expired",
+            ErrorCode::ConfirmationInvalid => "confirmation_invalid",
         }
     }
 }
@@ -122,6 +134,24 @@ pub fn output_schema() -> Map<String, Value> {
         Value::Object(m) => m,
         _ => unreachable!("schema literal is an object"),
     }
+}
+
+/// The output schema of a declared command's tool and of `confirm`: the
+/// run's, and the confirmation a call may wait for.
+pub fn command_output_schema() -> Map<String, Value> {
+    let mut schema = output_schema();
+    schema["properties"]["confirmation"] = json!({"type": "object"});
+    schema
+}
+
+/// A declared command's call that waits for the user: nothing ran;
+/// `confirmation` says how to confirm it.
+pub fn confirmation_required(err: &ToolError, confirmation: Value) -> CallToolResult {
+    tool_result(
+        json!({"ok": false, "error": err.to_json(), "confirmation": confirmation}),
+        err.to_text(),
+        true,
+    )
 }
 
 /// A tool result: `structured` as the structured content, `text` as the one

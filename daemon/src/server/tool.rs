@@ -1,5 +1,6 @@
 //! What the agent reads: the `run` tool's description and schemas and the
-//! server instructions, built once at start-up from the loaded environments.
+//! server instructions, built once at start-up from the loaded environments,
+//! and the tools of declared commands, built from their declarations.
 //! Kept small on purpose: every token here is paid on every conversation.
 
 use std::sync::Arc;
@@ -7,11 +8,14 @@ use std::sync::Arc;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
+use crate::commands::declaration::Danger;
+use crate::commands::{Catalog, Offered, params};
 use crate::environment::Environment;
 use crate::jail::ProjectMount;
 
 pub const RUN: &str = "run";
 pub const JOB: &str = "job";
+pub const CONFIRM: &str = "confirm";
 
 /// The `run` tool definition.
 pub fn run_tool(
@@ -126,6 +130,69 @@ pub fn job_tool(limits: crate::jobs::JobLimits) -> Tool {
     );
     Tool::new(JOB, description, Arc::new(object(input)))
         .with_annotations(ToolAnnotations::new().destructive(false).open_world(false))
+}
+
+/// The `run` tool, mentioning the declared commands when there are any.
+pub fn with_commands(mut run: Tool, catalog: &Catalog) -> Tool {
+    if !catalog.is_empty() {
+        let names: Vec<&str> = catalog.offered.iter().map(|o| o.tool.as_str()).collect();
+        let d = run.description.take().unwrap_or_default();
+        run.description = Some(
+            format!(
+                "{d}\nDeclared commands have their own tools: {}.",
+                names.join(", ")
+            )
+            .into(),
+        );
+    }
+    run
+}
+
+/// A declared command's tool: the author's description, an input schema
+/// from its parameters, the run's output schema, and hints from its danger.
+pub fn command_tool(offered: &Offered) -> Tool {
+    let c = &offered.command;
+    let hints = match c.danger {
+        Danger::Safe => ToolAnnotations::new().read_only(true).destructive(false),
+        Danger::Moderate => ToolAnnotations::new().read_only(false).destructive(false),
+        Danger::High => ToolAnnotations::new().read_only(false).destructive(true),
+    };
+    Tool::new(
+        offered.tool.clone(),
+        c.description.clone(),
+        Arc::new(params::input_schema(&c.params)),
+    )
+    .with_raw_output_schema(Arc::new(super::result::command_output_schema()))
+    .with_annotations(hints.open_world(c.network.is_on()))
+}
+
+/// The `confirm` tool, for clients that cannot ask their user themselves.
+pub fn confirm_tool(catalog: &Catalog) -> Tool {
+    let input = json!({
+        "type": "object",
+        "properties": {
+            "token": {"type": "string"},
+            "command": {"type": "string"},
+            "arguments": {"type": "object"}
+        },
+        "required": ["token", "command"]
+    });
+    let open_world = catalog
+        .offered
+        .iter()
+        .any(|o| o.command.confirm && o.command.network.is_on());
+    Tool::new(
+        CONFIRM,
+        "Run a command that returned confirmation_required, once the user agreed: pass back its confirmation's token, command and arguments.",
+        Arc::new(object(input)),
+    )
+    .with_raw_output_schema(Arc::new(super::result::command_output_schema()))
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .open_world(open_world),
+    )
 }
 
 fn trim_float(v: f64) -> String {

@@ -1,0 +1,511 @@
+//! The declaration format of `[commands.NAME]` (in the configuration file and
+//! in the project's `.nix-sandbox-mcp/commands.toml`), and its validation into
+//! a [`Command`]: every problem names the file, the line where it can be
+//! found, the key, and the fix. Problems that do not make a command unsafe or
+//! unusable (a parameter never used, a shell as the program) are warnings.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer, de};
+
+use super::Command;
+use super::invocation::Template;
+use super::params::{self, Param};
+pub use super::project_file::{Diagnostic, Source, parse_project_file, read_project_file};
+use crate::config::{Millis, OutputBytes, RESERVED_VARS};
+use crate::jail::ProjectMount;
+
+/// The project's own declaration file, relative to the project root.
+pub const PROJECT_FILE: &str = ".nix-sandbox-mcp/commands.toml";
+/// Longest command name: the tool name, with a `cmd_` prefix when it
+/// clashes, must fit MCP's 64 characters.
+const MAX_NAME: usize = 60;
+
+/// One `[commands.NAME]` table as written.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandDecl {
+    /// What the command does: the tool's description the agent reads.
+    pub description: String,
+    /// The program and its arguments, never run through a shell. `{{name}}`
+    /// in an argument is replaced by a parameter's value; argv[0] is literal.
+    pub argv: Vec<String>,
+    /// The environment it runs in: its toolchain, jail and limits.
+    pub env: String,
+    /// Variables set for the command (not PATH, LD_*, DYLD_* or the ones
+    /// the sandbox sets itself).
+    #[serde(default)]
+    pub vars: BTreeMap<String, String>,
+    /// Working directory, relative to the project root (the root when absent).
+    pub workdir: Option<String>,
+    /// Time limit; the environment's when absent.
+    pub timeout_ms: Option<Millis>,
+    /// Bytes of each output stream kept; the environment's when absent.
+    pub output_bytes: Option<OutputBytes>,
+    /// How much harm a call can do: safe (read-only), moderate, high (destructive).
+    #[serde(default)]
+    pub danger: Danger,
+    /// Ask the user before each call.
+    #[serde(default)]
+    pub confirm: bool,
+    /// Declared but not offered.
+    #[serde(default)]
+    pub disabled: bool,
+    /// Put `--` before the first argument that holds a parameter.
+    #[serde(default)]
+    pub separator: bool,
+    /// Network access: false (default), true, or { allow = ["host", ...] }.
+    #[serde(default)]
+    pub network: Network,
+    /// The parameters the agent fills in, by name.
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamDecl>,
+}
+
+/// One `[commands.NAME.params.PARAM]` table as written.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParamDecl {
+    #[serde(rename = "type")]
+    pub kind: ParamKind,
+    /// Shown to the agent in the tool's input schema.
+    pub description: Option<String>,
+    /// The call fails when the value is missing. Optional parameters without
+    /// a default leave out the arguments that mention them.
+    #[serde(default)]
+    pub required: bool,
+    /// The value when the call gives none.
+    pub default: Option<serde_json::Value>,
+    /// A regular expression (Rust `regex` syntax, linear time) the whole
+    /// value must match; for string and path. Without one, a value may not be
+    /// empty or start with '-'.
+    pub pattern: Option<String>,
+    /// Smallest value, for integer and number; a negative `min` allows
+    /// negative values.
+    pub min: Option<f64>,
+    /// Largest value, for integer and number.
+    pub max: Option<f64>,
+    /// The allowed values, for enum.
+    pub values: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ParamKind {
+    String,
+    Integer,
+    Number,
+    Boolean,
+    Enum,
+    /// A path in the project, resolved (symlinks too) and refused outside it.
+    Path,
+}
+
+impl ParamKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParamKind::String => "string",
+            ParamKind::Integer => "integer",
+            ParamKind::Number => "number",
+            ParamKind::Boolean => "boolean",
+            ParamKind::Enum => "enum",
+            ParamKind::Path => "path",
+        }
+    }
+}
+
+/// How much harm one call can do; decides the tool's annotations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Danger {
+    /// Reads only.
+    Safe,
+    /// Changes things, but nothing that cannot be undone.
+    #[default]
+    Moderate,
+    /// May destroy or publish.
+    High,
+}
+
+impl Danger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Danger::Safe => "safe",
+            Danger::Moderate => "moderate",
+            Danger::High => "high",
+        }
+    }
+}
+
+/// A command's network access. An allowlist is accepted as written and
+/// enforced by the network proxy; until a build has one, such a command is
+/// refused when called rather than given the whole network.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Network {
+    #[default]
+    Off,
+    On,
+    Allow(Vec<String>),
+}
+
+impl Network {
+    pub fn is_on(&self) -> bool {
+        !matches!(self, Network::Off)
+    }
+}
+
+const NETWORK_RULE: &str = "false, true, or a table { allow = [\"host\", ...] }";
+
+impl<'de> Deserialize<'de> for Network {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = Network;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(NETWORK_RULE)
+            }
+            fn visit_bool<E: de::Error>(self, on: bool) -> Result<Network, E> {
+                Ok(if on { Network::On } else { Network::Off })
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Network, A::Error> {
+                let mut allow = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key != "allow" {
+                        return Err(de::Error::unknown_field(&key, &["allow"]));
+                    }
+                    allow = Some(map.next_value::<Vec<String>>()?);
+                }
+                let allow = allow.ok_or_else(|| de::Error::missing_field("allow"))?;
+                if let Some(bad) = allow
+                    .iter()
+                    .find(|h| h.is_empty() || h.chars().any(|c| c.is_whitespace() || c == '\0'))
+                {
+                    return Err(de::Error::custom(format!(
+                        "{bad:?} is not a host name (expected {NETWORK_RULE})"
+                    )));
+                }
+                Ok(Network::Allow(allow))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for Network {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "CommandNetwork".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": NETWORK_RULE,
+            "x-expected": NETWORK_RULE,
+            "anyOf": [
+                {"type": "boolean"},
+                {
+                    "type": "object",
+                    "properties": {"allow": {"type": "array", "items": {"type": "string", "pattern": "^[^\\s]+$"}}},
+                    "required": ["allow"],
+                    "additionalProperties": false
+                }
+            ]
+        })
+    }
+}
+
+/// A command's name as declared: the name of its tool.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CommandName(pub String);
+
+const NAME_RULE: &str = "1 to 60 letters, digits, '_' or '-'";
+
+pub fn is_valid_name(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= MAX_NAME
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl<'de> Deserialize<'de> for CommandName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = String::deserialize(d)?;
+        if is_valid_name(&v) {
+            Ok(CommandName(v))
+        } else {
+            Err(de::Error::custom(format!(
+                "{v:?} is not a valid command name (expected {NAME_RULE})"
+            )))
+        }
+    }
+}
+
+impl JsonSchema for CommandName {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "CommandName".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,60}$", "description": NAME_RULE, "x-expected": NAME_RULE})
+    }
+}
+
+/// What a declaration is checked against: the environments that exist and
+/// the project, when one is mounted.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub envs: &'a [String],
+    pub project: Option<&'a ProjectMount>,
+}
+
+/// A validated command and the warnings about it.
+#[derive(Debug)]
+pub struct Checked {
+    pub command: Command,
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// Programs that run a script given on their command line, and the options
+/// that take it: a placeholder in that script is an injection.
+const SCRIPT_RUNNERS: &[(&[&str], &[&str])] = &[
+    (
+        &[
+            "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "busybox",
+        ],
+        &["-c"],
+    ),
+    (&["python", "python2", "python3", "pypy", "pypy3"], &["-c"]),
+    (
+        &["node", "nodejs", "bun", "deno"],
+        &["-e", "--eval", "-p", "--print"],
+    ),
+    (&["perl"], &["-e", "-E"]),
+    (&["ruby"], &["-e"]),
+    (&["php"], &["-r"]),
+];
+
+/// The script options of `program` (by base name, `python3.12` as `python3`).
+fn script_options(program: &str) -> Option<&'static [&'static str]> {
+    let base = program.rsplit('/').next().unwrap_or(program);
+    let base = base.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    let base = if base.is_empty() { program } else { base };
+    SCRIPT_RUNNERS
+        .iter()
+        .find(|(names, _)| {
+            names
+                .iter()
+                .any(|n| *n == base || n.trim_end_matches(|c: char| c.is_ascii_digit()) == base)
+        })
+        .map(|(_, opts)| *opts)
+}
+
+/// Whether `arg` passes a script to a program whose script options are `opts`
+/// (`-c`, and combined short flags such as `-ec`).
+fn is_script_option(arg: &str, opts: &[&str]) -> bool {
+    opts.contains(&arg)
+        || opts.iter().any(|o| {
+            o.len() == 2
+                && arg.len() > 2
+                && arg.starts_with('-')
+                && !arg.starts_with("--")
+                && arg.ends_with(&o[1..])
+        })
+}
+
+/// Variables a command may not set: the program lookup and the dynamic
+/// loader must stay as the environment defines them.
+fn forbidden_var(name: &str) -> bool {
+    name == "PATH"
+        || name.starts_with("LD_")
+        || name.starts_with("DYLD_")
+        || RESERVED_VARS.contains(&name)
+}
+
+fn valid_var_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Validates one declaration.
+pub fn validate(
+    name: &str,
+    decl: &CommandDecl,
+    source: &Source,
+    ctx: Context,
+) -> Result<Checked, Diagnostic> {
+    let at = |sub: &[&str]| -> Vec<String> {
+        std::iter::once(name.to_string())
+            .chain(sub.iter().map(|s| s.to_string()))
+            .collect()
+    };
+    let diag = |sub: &[&str], message: String, fix: &str| {
+        let path = at(sub);
+        let path: Vec<&str> = path.iter().map(String::as_str).collect();
+        source.diagnostic(&path, message, fix)
+    };
+    let mut warnings = Vec::new();
+
+    if !is_valid_name(name) {
+        return Err(diag(
+            &[],
+            format!("{name:?} is not a valid command name"),
+            &format!("use {NAME_RULE}"),
+        ));
+    }
+    if decl.description.trim().is_empty() {
+        return Err(diag(
+            &["description"],
+            "the description is empty".into(),
+            "say in a sentence what the command does: the agent reads it to decide when to call it",
+        ));
+    }
+    if !ctx.envs.contains(&decl.env) {
+        return Err(diag(
+            &["env"],
+            format!("there is no environment {:?}", decl.env),
+            &format!("set env to one of: {}", ctx.envs.join(", ")),
+        ));
+    }
+
+    let template = Template::parse(&decl.argv, decl.separator)
+        .map_err(|e| diag(&["argv"], e.message, &e.fix))?;
+    if let Some(opts) = script_options(&decl.argv[0]) {
+        let script_at = decl
+            .argv
+            .iter()
+            .position(|a| is_script_option(a, opts))
+            .map(|i| i + 1);
+        match script_at {
+            Some(i) if template.has_placeholder(i) => {
+                return Err(diag(
+                    &["argv"],
+                    format!(
+                        "argv[{i}] is a script run by {}, and a parameter substituted into a script can inject code",
+                        decl.argv[0]
+                    ),
+                    "pass the value as its own argument and use it as a positional parameter, e.g. [\"sh\", \"-c\", \"grep -- \\\"$1\\\" notes.txt\", \"sh\", \"{{pattern}}\"]; better, run the program directly",
+                ));
+            }
+            _ => warnings.push(diag(
+                &["argv"],
+                format!(
+                    "argv[0] is {}, which can run a script: the guarantees of declared commands hold only as far as that script treats its arguments as data",
+                    decl.argv[0]
+                ),
+                "run the program directly instead of through a shell or interpreter",
+            )),
+        }
+    }
+
+    let mut params = Vec::new();
+    for (pname, pdecl) in &decl.params {
+        let param = Param::from_decl(pname, pdecl)
+            .map_err(|p| diag(&["params", pname, p.key], p.message, &p.fix))?;
+        params.push(param);
+    }
+    for used in template.params() {
+        if !decl.params.contains_key(used) {
+            return Err(diag(
+                &["argv"],
+                format!("{{{{{used}}}}} names no parameter"),
+                &format!(
+                    "declare it as [commands.{name}.params.{used}] with a type, or fix the spelling"
+                ),
+            ));
+        }
+    }
+    for p in &params {
+        if !template.params().contains(p.name.as_str()) {
+            warnings.push(diag(
+                &["params", &p.name],
+                format!("parameter {} is not used in argv", p.name),
+                &format!("add {{{{{}}}}} to argv, or remove the parameter", p.name),
+            ));
+        }
+    }
+    if decl.separator && template.separator_index().is_none() {
+        warnings.push(diag(
+            &["separator"],
+            "separator has no effect: no argument holds a parameter".into(),
+            "remove it",
+        ));
+    }
+
+    let mut vars = Vec::new();
+    for (k, v) in &decl.vars {
+        if !valid_var_name(k) {
+            return Err(diag(
+                &["vars", k],
+                format!("{k:?} is not a variable name"),
+                "use letters, digits and '_', not starting with a digit",
+            ));
+        }
+        if forbidden_var(k) {
+            return Err(diag(
+                &["vars", k],
+                format!(
+                    "{k} cannot be set for a command: it decides which programs and libraries run, or the sandbox sets it"
+                ),
+                "remove it; put the programs the command needs in its environment",
+            ));
+        }
+        if v.contains('\0') {
+            return Err(diag(
+                &["vars", k],
+                "the value contains a NUL character".into(),
+                "remove it",
+            ));
+        }
+        vars.push((k.clone(), v.clone()));
+    }
+
+    let needs_project = decl.workdir.is_some() || params.iter().any(|p| p.kind.is_path());
+    let mut usable = true;
+    match (ctx.project, &decl.workdir) {
+        (Some(project), Some(dir)) => {
+            if let Err(m) = params::resolve_in_project(project, dir, true) {
+                return Err(diag(
+                    &["workdir"],
+                    format!("workdir {dir:?}: {m}"),
+                    "give a directory inside the project, relative to its root",
+                ));
+            }
+        }
+        (None, _) if needs_project => {
+            usable = false;
+            warnings.push(diag(
+                &[],
+                "no project is mounted, and the command needs one (workdir or a path parameter); it is not offered".into(),
+                "start the server in the project, or set PROJECT_DIR or [project] path",
+            ));
+        }
+        _ => {}
+    }
+
+    Ok(Checked {
+        command: Command {
+            name: name.to_string(),
+            description: decl.description.trim().to_string(),
+            env: decl.env.clone(),
+            template,
+            params,
+            vars,
+            workdir: decl.workdir.clone(),
+            timeout: decl.timeout_ms.map(|m| Duration::from_millis(m.0)),
+            output_bytes: decl.output_bytes.map(|o| o.0 as usize),
+            danger: decl.danger,
+            confirm: decl.confirm,
+            enabled: !decl.disabled && usable,
+            network: decl.network.clone(),
+            file: source.file.clone(),
+        },
+        warnings,
+    })
+}
+
+#[cfg(test)]
+#[path = "declaration_tests.rs"]
+mod tests;

@@ -1,0 +1,400 @@
+//! Declared commands over MCP: a call's arguments checked into an
+//! invocation, the user's confirmation (asked through the client, or by a
+//! token and the `confirm` tool), the run in the command's environment with
+//! the same jail, limits, capture, progress and cancellation as `run`, and
+//! an audit entry for every step.
+
+use std::sync::Arc;
+
+use rmcp::RoleServer;
+use rmcp::model::{CallToolResult, JsonObject};
+use rmcp::service::RequestContext;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::result::{self, ErrorCode, ToolError};
+use super::{Progress, SandboxServer, either_cancelled, exec_error, progress, tool};
+use crate::audit::CommandEntry;
+use crate::commands::confirm::{self, Answer, Redeemed};
+use crate::commands::declaration::Network;
+use crate::commands::invocation::{self, InvalidArguments};
+use crate::commands::{Offered, ResolvedInvocation};
+use crate::exec::{Argv, ExecError, Outcome, Request};
+
+impl SandboxServer {
+    /// Handles a call of a declared command's tool.
+    pub(super) async fn call_command(
+        &self,
+        offered: &Offered,
+        args: Option<&JsonObject>,
+        context: &RequestContext<RoleServer>,
+        progress: Option<Progress>,
+    ) -> CallToolResult {
+        let commands = &self.shared.commands;
+        let inv = match invocation::resolve(&offered.command, args, commands.project()) {
+            Ok(inv) => inv,
+            Err(e) => return result::error_result(&invalid_arguments(offered, e)),
+        };
+        if !offered.command.confirm {
+            return self
+                .run_invocation(&inv, context.ct.clone(), progress)
+                .await;
+        }
+        let digest = inv.digest();
+        if confirm::client_can_ask(context.client_capabilities().as_ref()) {
+            self.audit_command("asked", &inv, Some("elicitation"), None, None);
+            let answer = confirm::ask(
+                &context.peer,
+                question(offered, &inv),
+                commands.ask_timeout,
+                &context.ct,
+            )
+            .await;
+            let (event, error) = match answer {
+                Answer::Approved => {
+                    self.audit_command("confirmed", &inv, Some("elicitation"), None, None);
+                    return self
+                        .run_invocation(&inv, context.ct.clone(), progress)
+                        .await;
+                }
+                Answer::Declined | Answer::Cancelled => (
+                    "declined",
+                    ToolError::new(
+                        ErrorCode::ConfirmationDeclined,
+                        format!(
+                            "the user {} running {}; nothing ran",
+                            if answer == Answer::Declined {
+                                "declined"
+                            } else {
+                                "dismissed the question about"
+                            },
+                            offered.tool
+                        ),
+                        "Do not retry on your own; ask the user what they want instead.",
+                    ),
+                ),
+                Answer::TimedOut => (
+                    "expired",
+                    ToolError::new(
+                        ErrorCode::ConfirmationExpired,
+                        format!(
+                            "the user did not answer in {} s; nothing ran",
+                            commands.ask_timeout.as_secs()
+                        ),
+                        format!(
+                            "Call {} again when the user is there to confirm it.",
+                            offered.tool
+                        ),
+                    ),
+                ),
+                Answer::CallCancelled => (
+                    "declined",
+                    ToolError::new(
+                        ErrorCode::Cancelled,
+                        "the call was cancelled while the user was asked; nothing ran",
+                        "Call it again if you still need it.",
+                    ),
+                ),
+                Answer::Failed(why) => {
+                    tracing::warn!(
+                        "cannot ask the user to confirm {}: {why}; handing out a token instead",
+                        offered.tool
+                    );
+                    return self.issue_token(offered, args, &inv, digest);
+                }
+            };
+            self.audit_command(
+                event,
+                &inv,
+                Some("elicitation"),
+                None,
+                Some(error.code.as_str()),
+            );
+            return result::error_result(&error);
+        }
+        self.issue_token(offered, args, &inv, digest)
+    }
+
+    /// The result that hands out a token for `inv`.
+    fn issue_token(
+        &self,
+        offered: &Offered,
+        args: Option<&JsonObject>,
+        inv: &ResolvedInvocation,
+        digest: [u8; 32],
+    ) -> CallToolResult {
+        let tokens = &self.shared.commands.tokens;
+        let token = match tokens.issue(digest) {
+            Ok(t) => t,
+            Err(e) => {
+                return result::error_result(&ToolError::new(
+                    ErrorCode::Internal,
+                    format!("no randomness for a confirmation token: {e}"),
+                    "Tell the user; the command cannot be confirmed on this machine now.",
+                ));
+            }
+        };
+        self.audit_command("asked", inv, Some("token"), None, None);
+        let arguments = Value::Object(args.cloned().unwrap_or_default());
+        let ttl = tokens.ttl().as_secs().max(1);
+        let call =
+            json!({"token": token.reveal(), "command": offered.tool, "arguments": arguments});
+        let err = ToolError::new(
+            ErrorCode::ConfirmationRequired,
+            format!(
+                "{} runs only after the user confirms it; nothing ran yet. It would run: {}",
+                offered.tool,
+                inv.display_argv()
+            ),
+            format!(
+                "Show the user that command. If they agree, call {} with {call} within {ttl} s; if not, do not run it.",
+                tool::CONFIRM
+            ),
+        );
+        result::confirmation_required(
+            &err,
+            json!({
+                "token": token.reveal(),
+                "command": offered.tool,
+                "arguments": arguments,
+                "argv": inv.argv,
+                "expires_in_s": ttl,
+            }),
+        )
+    }
+
+    /// Handles a `confirm` call: runs the invocation its token was issued for.
+    pub(super) async fn confirm(
+        &self,
+        args: Option<&JsonObject>,
+        cancel: CancellationToken,
+        progress: Option<Progress>,
+    ) -> CallToolResult {
+        let result = async {
+            let args = super::Arguments::new(args, tool::CONFIRM, &["token", "command", "arguments"], CONFIRM_SHAPE)?;
+            let token = args.string("token")?.ok_or_else(|| args.invalid("missing argument `token`"))?;
+            let name = args.string("command")?.ok_or_else(|| args.invalid("missing argument `command`"))?;
+            let arguments = match args.get("arguments") {
+                None => None,
+                Some(Value::Object(m)) => Some(m.clone()),
+                Some(v) => return Err(args.wrong("arguments", "an object", v)),
+            };
+            let catalog = self.shared.commands.catalog();
+            let offered = catalog
+                .by_tool(&name)
+                .filter(|o| o.command.confirm)
+                .ok_or_else(|| {
+                    let confirmable: Vec<&str> = catalog
+                        .offered
+                        .iter()
+                        .filter(|o| o.command.confirm)
+                        .map(|o| o.tool.as_str())
+                        .collect();
+                    args.invalid(&format!(
+                        "{name:?} is not a command that needs confirmation (those are: {})",
+                        confirmable.join(", ")
+                    ))
+                })?;
+            let inv = invocation::resolve(&offered.command, arguments.as_ref(), self.shared.commands.project())
+                .map_err(|e| invalid_arguments(offered, e))?;
+            let again = format!("Call {} again for a new token.", offered.tool);
+            match self.shared.commands.tokens.redeem(&token, &inv.digest()) {
+                Redeemed::Valid => {
+                    self.audit_command("confirmed", &inv, Some("token"), None, None);
+                    Ok(self.run_invocation(&inv, cancel, progress).await)
+                }
+                Redeemed::Expired => {
+                    let e = ToolError::new(
+                        ErrorCode::ConfirmationExpired,
+                        format!(
+                            "the token expired (tokens last {} s); nothing ran",
+                            self.shared.commands.tokens.ttl().as_secs().max(1)
+                        ),
+                        again,
+                    );
+                    self.audit_command("expired", &inv, Some("token"), None, Some(e.code.as_str()));
+                    Err(e)
+                }
+                Redeemed::Unknown => Err(ToolError::new(
+                    ErrorCode::ConfirmationInvalid,
+                    "the token is unknown or already used (each token works once); nothing ran",
+                    again,
+                )),
+                Redeemed::OtherInvocation => {
+                    let e = ToolError::new(
+                        ErrorCode::ConfirmationInvalid,
+                        "the token was issued for a different invocation (other command or arguments); it is now used up and nothing ran",
+                        format!("{again} Pass back the command and arguments exactly as in its confirmation."),
+                    );
+                    self.audit_command("refused", &inv, Some("token"), None, Some(e.code.as_str()));
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        result.unwrap_or_else(|e| result::error_result(&e))
+    }
+
+    /// Runs an invocation in its environment's jail with the command's
+    /// limits, and records it.
+    pub(super) async fn run_invocation(
+        &self,
+        inv: &ResolvedInvocation,
+        request_cancel: CancellationToken,
+        progress: Option<Progress>,
+    ) -> CallToolResult {
+        let Some(base) = self.shared.registry.get(&inv.env) else {
+            return result::error_result(&ToolError::new(
+                ErrorCode::SandboxUnavailable,
+                format!("the command's environment {} is not available", inv.env),
+                "Tell the user to fix the command's declaration.",
+            ));
+        };
+        let mut env = (**base).clone();
+        if let Some(t) = inv.timeout {
+            env.limits.timeout = t;
+        }
+        if let Some(b) = inv.output_bytes {
+            env.limits.output_bytes = b;
+        }
+        env.network = match &inv.network {
+            Network::Off => false,
+            Network::On => true,
+            Network::Allow(_) => {
+                let e = ToolError::new(
+                    ErrorCode::SandboxUnavailable,
+                    format!(
+                        "{} declares a network allowlist, and this server has no proxy to enforce one; it is not given the whole network instead",
+                        inv.command
+                    ),
+                    "Tell the user: declare network = true or false for this command.",
+                );
+                self.audit_command("run", inv, None, None, Some(e.code.as_str()));
+                return result::error_result(&e);
+            }
+        };
+        env.vars.extend(inv.vars.iter().cloned());
+        let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
+        let live = Arc::new(progress::Live::default());
+        let reporter = progress.map(|p| p.report(&live, env.limits.timeout));
+        let outcome = self
+            .shared
+            .executor
+            .run_argv(
+                Request {
+                    env: &env,
+                    code: b"",
+                    project: self.shared.project.as_ref(),
+                    inherited: &self.shared.inherited,
+                    cancel: cancel.clone(),
+                    observer: Some(live),
+                },
+                Argv {
+                    argv: &inv.argv,
+                    workdir: &inv.workdir,
+                },
+            )
+            .await;
+        if let Some(r) = reporter {
+            r.abort();
+        }
+        cancel.cancel();
+        match outcome {
+            Ok(o) => {
+                let r = result::run_result(&env.name, &o, &env.limits, None);
+                let error = result::run_error(&o, &env.limits);
+                self.audit_command(
+                    "run",
+                    inv,
+                    None,
+                    Some(&o),
+                    error.as_ref().map(|e| e.code.as_str()),
+                );
+                r
+            }
+            Err(e) => {
+                let err = start_error(inv, &e);
+                self.audit_command("run", inv, None, None, Some(err.code.as_str()));
+                result::error_result(&err)
+            }
+        }
+    }
+
+    fn audit_command(
+        &self,
+        event: &str,
+        inv: &ResolvedInvocation,
+        via: Option<&str>,
+        outcome: Option<&Outcome>,
+        error: Option<&str>,
+    ) {
+        if let Some(log) = &self.shared.audit {
+            log.record_command(&CommandEntry {
+                event,
+                command: &inv.command,
+                env: &inv.env,
+                argv: &inv.argv,
+                invocation: &inv.digest(),
+                via,
+                outcome,
+                error,
+            });
+        }
+    }
+}
+
+const CONFIRM_SHAPE: &str = "Call confirm with the `confirmation` a command returned: {\"token\": …, \"command\": …, \"arguments\": {…}}.";
+
+/// What the user is asked.
+fn question(offered: &Offered, inv: &ResolvedInvocation) -> String {
+    let c = &offered.command;
+    format!(
+        "Allow {} to run?\n\n    {}\n\nin {} (environment {}), danger {}, network {}.",
+        offered.tool,
+        inv.display_argv(),
+        inv.workdir,
+        inv.env,
+        c.danger.as_str(),
+        if c.network.is_on() { "on" } else { "off" }
+    )
+}
+
+/// The error for arguments that cannot be used: what is wrong, and how the
+/// tool is called.
+fn invalid_arguments(offered: &Offered, e: InvalidArguments) -> ToolError {
+    let params: Vec<String> = offered
+        .command
+        .params
+        .iter()
+        .map(|p| {
+            let mark = if p.required { "" } else { "?" };
+            format!("{}{mark}", p.name)
+        })
+        .collect();
+    let suggestion = if params.is_empty() {
+        format!("Call {} with no arguments.", offered.tool)
+    } else {
+        format!(
+            "Call {} with {{{}}} ('?': optional), each as its input schema says.",
+            offered.tool,
+            params.join(", ")
+        )
+    };
+    ToolError::new(ErrorCode::InvalidInput, e.message, suggestion)
+}
+
+/// A command that could not start: most often its program is not in the
+/// environment.
+fn start_error(inv: &ResolvedInvocation, e: &ExecError) -> ToolError {
+    match e {
+        ExecError::Setup(message) if message.contains("execvp") => ToolError::new(
+            ErrorCode::SandboxUnavailable,
+            format!("{} could not start {}: {message}", inv.command, inv.argv[0]),
+            format!(
+                "The program is not in environment {}; tell the user to fix the command's declaration.",
+                inv.env
+            ),
+        ),
+        other => exec_error(other),
+    }
+}

@@ -1,0 +1,494 @@
+"""Declared commands through the real binary and the official MCP client:
+tools generated from declarations, every refusal of a bad value, argv
+injection attempts, confirmation by token (reuse, expiry, a token for other
+arguments) and by elicitation (accept, decline, cancel), limits and
+cancellation, and the project's declaration file edited while the server
+runs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import anyio
+import pytest
+from mcp import types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import stdio_client
+
+from harness import BIN, dump, processes_with, readable_tmpdir, run_async, server_params, write_config
+
+# A project with a file, a directory and symlinks out of it.
+def make_project(commands: str | None = None) -> pathlib.Path:
+    root = readable_tmpdir()
+    proj = root / "project"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "main.txt").write_text("main\n")
+    (root / "secret.txt").write_text("secret\n")
+    (proj / "secret-link").symlink_to(root / "secret.txt")
+    (proj / "etc-link").symlink_to("/etc")
+    for p in (proj, proj / "src"):
+        p.chmod(0o755)
+    if commands is not None:
+        write_declarations(proj, commands)
+    return proj
+
+
+def write_declarations(proj: pathlib.Path, text: str) -> None:
+    d = proj / ".nix-sandbox-mcp"
+    d.mkdir(exist_ok=True)
+    d.chmod(0o755)
+    # Written whole and renamed, as editors do: the server never reads half a file.
+    tmp = d / ".commands.toml.tmp"
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    tmp.rename(d / "commands.toml")
+
+
+@contextlib.asynccontextmanager
+async def client(config: str | None = None, project: pathlib.Path | None = None, env: dict[str, str] | None = None,
+                 elicit: Any = None, notifications: list | None = None) -> AsyncIterator[ClientSession]:
+    params = server_params(config=config, project=str(project) if project else None, env=env)
+
+    async def on_message(message: Any) -> None:
+        if notifications is not None:
+            notifications.append(message)
+
+    with open(os.devnull, "w") if not os.environ.get("NSM_SHOW_SERVER_LOG") else contextlib.nullcontext(None) as errlog:
+        ctx = stdio_client(params, errlog=errlog) if errlog else stdio_client(params)
+        async with ctx as (r, w):
+            async with ClientSession(r, w, elicitation_callback=elicit, message_handler=on_message) as s:
+                await s.initialize()
+                yield s
+
+
+async def call(s: ClientSession, tool: str, args: dict | None = None, **kw: Any) -> tuple[dict, str, bool]:
+    res = await s.call_tool(tool, args or {}, **kw)
+    text = "".join(getattr(c, "text", "") for c in res.content)
+    return res.structured_content or {}, text, bool(res.is_error)
+
+
+def audit_events(path: str) -> list[dict]:
+    return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if '"kind":"command"' in line]
+
+
+ECHO = """
+[commands.echo]
+description = "Print values, one per line"
+env = "bash"
+argv = ["printf", "[%s]\\\\n", "{{text}}", "{{count}}", "{{ratio}}", "{{flag}}", "{{level}}", "{{file}}"]
+[commands.echo.params.text]
+type = "string"
+[commands.echo.params.count]
+type = "integer"
+min = 1
+max = 10
+[commands.echo.params.ratio]
+type = "number"
+max = 1
+[commands.echo.params.flag]
+type = "boolean"
+[commands.echo.params.level]
+type = "enum"
+values = ["low", "high"]
+[commands.echo.params.file]
+type = "path"
+"""
+
+
+def test_each_command_is_a_tool_with_a_schema_from_its_parameters():
+    config = write_config(ECHO + """
+[commands.search]
+description = "Search the project"
+env = "bash"
+argv = ["grep", "-rn", "{{pattern}}", "{{where}}"]
+danger = "safe"
+separator = true
+[commands.search.params.pattern]
+type = "string"
+required = true
+description = "Text to find"
+[commands.search.params.where]
+type = "path"
+default = "src"
+
+[commands.publish]
+description = "Publish the site"
+env = "bash"
+argv = ["true"]
+danger = "high"
+network = true
+confirm = true
+
+[commands.run]
+description = "Run the app"
+env = "bash"
+argv = ["true"]
+
+[commands.hidden]
+description = "Not offered"
+env = "bash"
+argv = ["true"]
+disabled = true
+""")
+
+    async def t():
+        async with client(config=config, project=make_project()) as s:
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            assert list(tools) == ["run", "job", "echo", "publish", "cmd_run", "search", "confirm"], list(tools)
+            assert "Declared commands have their own tools: echo, publish, cmd_run, search." in tools["run"].description
+
+            search = tools["search"]
+            assert search.description == "Search the project"
+            assert search.input_schema == {
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Text to find"},
+                    "where": {"type": "string", "description": "Path in the project", "default": "src"},
+                },
+                "required": ["pattern"],
+                "additionalProperties": False,
+            }, dump(search.input_schema)
+            assert search.annotations.read_only_hint is True and search.annotations.destructive_hint is False
+            assert search.annotations.open_world_hint is False
+            assert search.output_schema["required"] == ["ok"] and "stdout" in search.output_schema["properties"]
+
+            props = tools["echo"].input_schema["properties"]
+            assert props["count"] == {"type": "integer", "minimum": 1, "maximum": 10}
+            assert props["ratio"] == {"type": "number", "maximum": 1.0}
+            assert props["flag"] == {"type": "boolean"} and props["level"] == {"type": "string", "enum": ["low", "high"]}
+            assert tools["echo"].annotations.read_only_hint is False and tools["echo"].annotations.destructive_hint is False
+
+            publish = tools["publish"].annotations
+            assert publish.destructive_hint is True and publish.open_world_hint is True
+            assert tools["confirm"].input_schema["required"] == ["token", "command"]
+
+            sc, _, err = await call(s, "search", {"pattern": "main"})
+            assert not err and sc["stdout"] == "/project/src/main.txt:1:main\n", dump(sc)
+            sc, _, err = await call(s, "search", {"pattern": "-v"})
+            assert err and sc["error"]["code"] == "invalid_input" and "`pattern`" in sc["error"]["message"]
+    run_async(t)
+
+
+@pytest.mark.parametrize(
+    "args,param,words",
+    [
+        ({"text": "a\u0000b"}, "text", "NUL"),
+        ({"text": "-rf"}, "text", "'-'"),
+        ({"text": "--upload-pack=touch /tmp/pwned"}, "text", "'-'"),
+        ({"text": ""}, "text", "empty"),
+        ({"text": 5}, "text", "must be a string"),
+        ({"count": 11}, "count", "at most 10"),
+        ({"count": 0}, "count", "at least 1"),
+        ({"count": 2.5}, "count", "integer"),
+        ({"count": "3"}, "count", "must be an integer"),
+        ({"ratio": 1.5}, "ratio", "at most 1"),
+        ({"ratio": -0.5}, "ratio", "negative"),
+        ({"flag": "true"}, "flag", "true or false"),
+        ({"flag": 1}, "flag", "true or false"),
+        ({"level": "medium"}, "level", "one of: low, high"),
+        ({"file": "../secret.txt"}, "file", "outside the project"),
+        ({"file": "src/../../secret.txt"}, "file", "outside the project"),
+        ({"file": "secret-link"}, "file", "outside the project"),
+        ({"file": "etc-link/passwd"}, "file", "outside the project"),
+        ({"file": "/etc/passwd"}, "file", "outside the project"),
+        ({"file": "-src"}, "file", "'-'"),
+        ({"unknown": 1}, "unknown", "unknown parameter"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_parameter(args, param, words):
+    config = write_config(ECHO)
+
+    async def t():
+        async with client(config=config, project=make_project()) as s:
+            sc, text, err = await call(s, "echo", args)
+            assert err and sc["error"]["code"] == "invalid_input", dump(sc)
+            assert f"`{param}`" in sc["error"]["message"] and words in sc["error"]["message"], dump(sc)
+            assert "stdout" not in sc, "nothing ran"
+            assert "Call echo with {" in sc["error"]["suggestion"], dump(sc)
+    run_async(t)
+
+
+def test_values_reach_the_program_as_single_arguments():
+    config = write_config(ECHO)
+    hostile = "a b; touch /workspace/pwned $(id) `id` | cat && rm -rf / '\"\n*"
+
+    async def t():
+        async with client(config=config, project=make_project()) as s:
+            sc, _, err = await call(s, "echo", {"text": hostile, "count": 3, "ratio": 0.5, "flag": False,
+                                                "level": "high", "file": "src/./main.txt"})
+            assert not err, dump(sc)
+            assert sc["stdout"] == f"[{hostile}]\n[3]\n[0.5]\n[false]\n[high]\n[/project/src/main.txt]\n", dump(sc)
+            # An optional parameter left out leaves out its argument; nothing else.
+            sc, _, err = await call(s, "echo", {"count": 2})
+            assert not err and sc["stdout"] == "[2]\n", dump(sc)
+    run_async(t)
+
+
+def test_a_required_parameter_and_a_shell_script_parameter():
+    config = write_config("""
+[commands.fetch]
+description = "Fetch a remote"
+env = "bash"
+argv = ["git", "ls-remote", "{{remote}}"]
+[commands.fetch.params.remote]
+type = "string"
+required = true
+""")
+
+    async def t():
+        async with client(config=config, project=make_project()) as s:
+            sc, _, err = await call(s, "fetch", {})
+            assert err and sc["error"]["code"] == "invalid_input" and "missing parameter `remote`" in sc["error"]["message"]
+            sc, _, err = await call(s, "fetch", {"remote": "--upload-pack=touch /workspace/pwned"})
+            assert err and sc["error"]["code"] == "invalid_input" and "`remote`" in sc["error"]["message"], dump(sc)
+    run_async(t)
+
+    bad = write_config('[commands.sh]\ndescription = "x"\nenv = "bash"\nargv = ["sh", "-c", "echo {{x}}"]\n[commands.sh.params.x]\ntype = "string"\n')
+    p = server_params(config=bad)
+    out = subprocess.run([p.command, *p.args], env={**os.environ, **(p.env or {})}, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert f"{bad}:4: key `commands.sh.argv`" in out.stderr and "inject" in out.stderr and "fix:" in out.stderr, out.stderr
+
+
+CONFIRMED = """
+[server]
+audit_log = "{audit}"
+[commands.deploy]
+description = "Deploy a branch"
+env = "bash"
+argv = ["echo", "deploying", "{{branch}}"]
+danger = "high"
+confirm = true
+[commands.deploy.params.branch]
+type = "string"
+required = true
+"""
+
+
+def confirmed_config() -> tuple[str, str]:
+    audit = str(readable_tmpdir() / "audit.jsonl")
+    return write_config(CONFIRMED.replace("{audit}", audit)), audit
+
+
+def test_confirmation_by_token_works_once_and_only_for_its_invocation():
+    config, audit = confirmed_config()
+    tokens: list[str] = []
+
+    async def t():
+        async with client(config=config, project=make_project()) as s:
+            sc, text, err = await call(s, "deploy", {"branch": "main"})
+            assert err and sc["error"]["code"] == "confirmation_required", dump(sc)
+            conf = sc["confirmation"]
+            assert conf["command"] == "deploy" and conf["arguments"] == {"branch": "main"}
+            assert conf["argv"] == ["echo", "deploying", "main"] and conf["expires_in_s"] == 60
+            assert len(conf["token"]) == 43 and conf["token"] in text and "echo deploying main" in text
+            tokens.append(conf["token"])
+
+            sc, _, err = await call(s, "confirm", {"token": conf["token"], "command": "deploy", "arguments": {"branch": "main"}})
+            assert not err and sc["stdout"] == "deploying main\n", dump(sc)
+
+            sc, _, err = await call(s, "confirm", {"token": conf["token"], "command": "deploy", "arguments": {"branch": "main"}})
+            assert err and sc["error"]["code"] == "confirmation_invalid" and "already used" in sc["error"]["message"], dump(sc)
+
+            # A token issued for one branch does not run another, and is then used up.
+            sc, _, _ = await call(s, "deploy", {"branch": "main"})
+            token = sc["confirmation"]["token"]
+            tokens.append(token)
+            sc, _, err = await call(s, "confirm", {"token": token, "command": "deploy", "arguments": {"branch": "prod"}})
+            assert err and sc["error"]["code"] == "confirmation_invalid" and "different invocation" in sc["error"]["message"]
+            assert "stdout" not in sc
+            sc, _, err = await call(s, "confirm", {"token": token, "command": "deploy", "arguments": {"branch": "main"}})
+            assert err and sc["error"]["code"] == "confirmation_invalid"
+
+            sc, _, err = await call(s, "confirm", {"token": "A" * 43, "command": "deploy", "arguments": {"branch": "main"}})
+            assert err and sc["error"]["code"] == "confirmation_invalid"
+    run_async(t)
+    events = audit_events(audit)
+    assert [e["event"] for e in events] == ["asked", "confirmed", "run", "asked", "refused"], dump(events)
+    assert all(e["via"] == "token" for e in events if e["event"] != "run")
+    assert events[2]["exit_code"] == 0
+    log = pathlib.Path(audit).read_text()
+    assert not any(t in log for t in tokens), "tokens are never logged"
+
+
+def test_an_expired_token_runs_nothing():
+    config, audit = confirmed_config()
+
+    async def t():
+        async with client(config=config, project=make_project(), env={"NIX_SANDBOX_TEST_CONFIRM_TTL_MS": "1000"}) as s:
+            sc, _, _ = await call(s, "deploy", {"branch": "main"})
+            assert sc["confirmation"]["expires_in_s"] == 1
+            await anyio.sleep(2.5)
+            sc, _, err = await call(s, "confirm", {"token": sc["confirmation"]["token"], "command": "deploy",
+                                                   "arguments": {"branch": "main"}})
+            assert err and sc["error"]["code"] == "confirmation_expired" and "stdout" not in sc, dump(sc)
+    run_async(t)
+    assert [e["event"] for e in audit_events(audit)] == ["asked", "expired"]
+
+
+@pytest.mark.parametrize(
+    "answer,code",
+    [
+        (("accept", {"approve": True}), None),
+        (("accept", {"approve": False}), "confirmation_declined"),
+        (("decline", None), "confirmation_declined"),
+        (("cancel", None), "confirmation_declined"),
+    ],
+)
+def test_confirmation_by_elicitation(answer, code):
+    config, audit = confirmed_config()
+    asked: list[Any] = []
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params)
+        action, content = answer
+        return types.ElicitResult(action=action, content=content)
+
+    async def t():
+        async with client(config=config, project=make_project(), elicit=elicit) as s:
+            names = [t.name for t in (await s.list_tools()).tools]
+            assert "confirm" in names, "listed for clients that cannot ask"
+            sc, _, err = await call(s, "deploy", {"branch": "feature x"})
+            if code is None:
+                assert not err and sc["stdout"] == "deploying feature x\n", dump(sc)
+            else:
+                assert err and sc["error"]["code"] == code and "stdout" not in sc, dump(sc)
+                assert "nothing ran" in sc["error"]["message"]
+    run_async(t)
+    assert len(asked) == 1
+    assert 'echo deploying "feature x"' in asked[0].message and "deploy" in asked[0].message, asked[0].message
+    assert asked[0].requested_schema["properties"]["approve"]["type"] == "boolean"
+    events = [e["event"] for e in audit_events(audit)]
+    assert events == (["asked", "confirmed", "run"] if code is None else ["asked", "declined"]), events
+
+
+def test_an_unanswered_question_expires_and_runs_nothing():
+    config, audit = confirmed_config()
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        await anyio.sleep(30)
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    async def t():
+        async with client(config=config, project=make_project(), elicit=elicit,
+                          env={"NIX_SANDBOX_TEST_CONFIRM_TTL_MS": "1500"}) as s:
+            sc, _, err = await call(s, "deploy", {"branch": "main"})
+            assert err and sc["error"]["code"] == "confirmation_expired", dump(sc)
+    run_async(t)
+    assert [e["event"] for e in audit_events(audit)] == ["asked", "expired"]
+
+
+def test_limits_and_cancellation_apply_to_commands():
+    m = str(uuid.uuid4().int % 10**8)
+    config = write_config(f"""
+[commands.slow]
+description = "Sleep"
+env = "bash"
+argv = ["sleep", "{{{{seconds}}}}"]
+timeout_ms = 1500
+[commands.slow.params.seconds]
+type = "integer"
+[commands.loud]
+description = "Print a lot"
+env = "bash"
+argv = ["seq", "1", "100000"]
+output_bytes = 256
+[commands.wait]
+description = "Wait"
+env = "bash"
+argv = ["sleep", "{m}"]
+""")
+    updates: list[Any] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append((progress, total, message))
+
+    async def t():
+        async with client(config=config, project=make_project()) as s:
+            sc, _, err = await call(s, "slow", {"seconds": 30}, progress_callback=on_progress)
+            assert err and sc["error"]["code"] == "timeout" and sc["limit"] == "timeout", dump(sc)
+            assert "1500 ms" in sc["error"]["message"]
+            assert updates and all(total == 1.5 for _, total, _ in updates), updates
+
+            sc, _, err = await call(s, "loud")
+            assert not err and sc["stdout_dropped_bytes"] > 0 and len(sc["stdout"]) < 1024, dump(sc)
+            assert sc["stdout"].startswith("1\n2\n") and sc["stdout"].rstrip().endswith("100000")
+
+            with pytest.raises(Exception):
+                await s.call_tool("wait", {}, read_timeout_seconds=1)
+            deadline = time.monotonic() + 5
+            while processes_with(f"sleep {m}") and time.monotonic() < deadline:
+                await anyio.sleep(0.05)
+            assert processes_with(f"sleep {m}") == []
+    run_async(t)
+
+
+def test_editing_the_declaration_file_changes_the_tools():
+    proj = make_project("""
+[commands.list]
+description = "List the sources"
+env = "bash"
+argv = ["ls", "src"]
+""")
+    notes: list[Any] = []
+
+    async def t():
+        async with client(project=proj, notifications=notes) as s:
+            assert s.server_capabilities.tools.list_changed is True
+            names = [t.name for t in (await s.list_tools()).tools]
+            assert names[2:] == ["list"], names
+            sc, _, err = await call(s, "list")
+            assert not err and sc["stdout"] == "main.txt\n", dump(sc)
+
+            write_declarations(proj, """
+[commands.list]
+description = "List the sources"
+env = "bash"
+argv = ["ls", "src"]
+
+[commands.show]
+description = "Show a file"
+env = "bash"
+argv = ["cat", "{{file}}"]
+danger = "safe"
+[commands.show.params.file]
+type = "path"
+required = true
+""")
+            deadline = time.monotonic() + 10
+            while not any(isinstance(n, types.ToolListChangedNotification) for n in notes) and time.monotonic() < deadline:
+                await anyio.sleep(0.1)
+            assert any(isinstance(n, types.ToolListChangedNotification) for n in notes), notes
+            names = [t.name for t in (await s.list_tools()).tools]
+            assert names[2:] == ["list", "show"], names
+            sc, _, err = await call(s, "show", {"file": "src/main.txt"})
+            assert not err and sc["stdout"] == "main\n", dump(sc)
+
+            # A broken edit withdraws the file's commands rather than keep stale ones.
+            notes.clear()
+            write_declarations(proj, "[commands.show]\nargv = 5\n")
+            deadline = time.monotonic() + 10
+            while not notes and time.monotonic() < deadline:
+                await anyio.sleep(0.1)
+            names = [t.name for t in (await s.list_tools()).tools]
+            assert names == ["run", "job"], names
+    run_async(t)
+
+
+def test_a_read_write_project_s_declaration_file_is_ignored():
+    proj = make_project('[commands.list]\ndescription = "x"\nenv = "bash"\nargv = ["ls"]\n')
+    config = write_config('[project]\nmode = "readwrite"\n')
+
+    async def t():
+        async with client(config=config, project=proj) as s:
+            assert [t.name for t in (await s.list_tools()).tools] == ["run", "job"]
+    run_async(t)
