@@ -7,7 +7,8 @@
 //! and rlimits), `seccomp` (the syscall filter), `platform` (what the host
 //! offers), `server` (the MCP surface), `app` (start-up wiring), `doctor`
 //! (diagnostics), `audit` (the run log), `jobs` (background runs),
-//! `sessions` (state across calls).
+//! `sessions` (state across calls), `network` (which hosts a sandbox may
+//! reach, and the proxy that holds it to that).
 
 pub mod app;
 pub mod audit;
@@ -19,6 +20,7 @@ pub mod exec;
 pub mod jail;
 pub mod jobs;
 pub mod limits;
+pub mod network;
 pub mod platform;
 pub mod registry;
 pub mod seccomp;
