@@ -1,7 +1,11 @@
 //! The allowlist proxy against servers on this machine: what passes, what
 //! is refused and how the refusal reads, the rebinding defence, tunnels
-//! and plain HTTP, and the bounds. The proxy's resolver maps test names to
-//! loopback (or this machine's own address); nothing leaves the machine.
+//! and plain HTTP, and the bounds; then real bubblewrap jails whose only
+//! way out is the proxy's listener in their network namespace, used by
+//! real tools (Python's urllib, curl, pip, npm) and bypassed by code that
+//! ignores the proxy, which must fail. The proxy's resolver maps test
+//! names to loopback (or this machine's own address); nothing leaves the
+//! machine.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -23,6 +27,14 @@ struct Upstream {
 }
 
 async fn upstream() -> Upstream {
+    upstream_with(Vec::new()).await
+}
+
+/// Extra paths the upstream serves: (path, content type, body).
+type Files = Vec<(String, &'static str, Vec<u8>)>;
+
+async fn upstream_with(files: Files) -> Upstream {
+    let files = Arc::new(files);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let hits = Arc::new(AtomicUsize::new(0));
@@ -32,11 +44,12 @@ async fn upstream() -> Upstream {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
-            let counter = counter.clone();
+            let (counter, files) = (counter.clone(), files.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                     counter.fetch_add(1, Ordering::SeqCst);
-                    async move { Ok::<_, std::convert::Infallible>(answer(req).await) }
+                    let files = files.clone();
+                    async move { Ok::<_, std::convert::Infallible>(answer(req, &files).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -47,8 +60,14 @@ async fn upstream() -> Upstream {
     Upstream { port, hits }
 }
 
-async fn answer(req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer(req: Request<Incoming>, files: &Files) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
+    if let Some((_, content_type, body)) = files.iter().find(|(p, _, _)| *p == path) {
+        let mut r = Response::new(Full::new(Bytes::from(body.clone())));
+        r.headers_mut()
+            .insert("content-type", content_type.parse().unwrap());
+        return r;
+    }
     let mut seen = format!("uri={}\n", req.uri());
     for (name, value) in req.headers() {
         seen.push_str(&format!("{name}={}\n", value.to_str().unwrap_or("?")));
@@ -613,4 +632,625 @@ async fn request_bodies_are_forwarded_and_counted() {
     }
     assert_eq!(report.bytes_sent, 100_000, "{report:?}");
     assert_eq!(report.bytes_received, 100_000, "{report:?}");
+}
+
+// Real jails. The jail is built the way a proxied environment's should be:
+// every namespace new (network included), the host's system directories
+// and prepared /etc, of the network files only those the proxy needs, the
+// proxy variables, and the daemon's listener in its network namespace
+// before its command starts.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use nix_sandbox_mcp::network::{JAIL_NETWORK_FILES, PROXY_PORT, listen_in, proxy_env};
+use nix_sandbox_mcp::platform::Platform;
+
+const PYTHON: &str = "/usr/bin/python3";
+
+fn platform() -> Option<Platform> {
+    match Platform::probe() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("SKIPPED: no usable bubblewrap: {e}");
+            None
+        }
+    }
+}
+
+/// bubblewrap started with `command`, blocked until the proxy listens.
+struct Jail {
+    child: std::process::Child,
+    init: i32,
+    block: OwnedFd,
+}
+
+async fn jail(platform: &Platform, own_network: bool, command: &[String]) -> Jail {
+    let layout = &platform.layout;
+    let mut args: Vec<String> = [
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+    ]
+    .map(String::from)
+    .to_vec();
+    if own_network {
+        args.push("--unshare-net".into());
+    }
+    if layout.disable_userns {
+        args.push("--disable-userns".into());
+    }
+    for (k, v) in proxy_env(PROXY_PORT) {
+        args.extend(["--setenv".into(), k, v]);
+    }
+    let ro = |args: &mut Vec<String>, src: &Path, dest: &Path| {
+        args.extend([
+            "--ro-bind".into(),
+            src.display().to_string(),
+            dest.display().to_string(),
+        ]);
+    };
+    for dir in &layout.system_dirs {
+        ro(&mut args, dir, dir);
+    }
+    for (target, link) in &layout.system_links {
+        args.extend([
+            "--symlink".into(),
+            target.display().to_string(),
+            link.display().to_string(),
+        ]);
+    }
+    ro(&mut args, &layout.etc_dir, Path::new("/etc"));
+    for f in &layout.etc_host {
+        ro(&mut args, f, f);
+    }
+    for f in JAIL_NETWORK_FILES
+        .iter()
+        .map(Path::new)
+        .filter(|f| f.exists())
+    {
+        ro(&mut args, f, f);
+    }
+    let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+    let (block_r, block_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+    args.extend(
+        [
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp",
+        ]
+        .map(String::from),
+    );
+    args.extend(["--json-status-fd".into(), status_w.as_raw_fd().to_string()]);
+    args.extend(["--block-fd".into(), block_r.as_raw_fd().to_string()]);
+    let mut cmd = Command::new(&platform.bwrap);
+    cmd.args(&args)
+        .arg("--")
+        .args(command)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some((uid, gid)) = platform.run_as {
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+        std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+    }
+    let keep = [status_w.as_raw_fd(), block_r.as_raw_fd()];
+    // SAFETY: runs between fork and exec; fcntl is async-signal-safe and
+    // the descriptors are open in the child.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            for fd in keep {
+                let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
+                rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    drop((status_w, block_r));
+    // bubblewrap names the sandbox's init in its first status line.
+    let mut status = tokio::net::unix::pipe::Receiver::from_owned_fd(status_r).unwrap();
+    let mut text = String::new();
+    let init = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = status.read(&mut buf).await.unwrap();
+            assert!(n > 0, "bubblewrap failed to start");
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if let Some(pid) = text.lines().find_map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).ok()?["child-pid"].as_i64()
+            }) {
+                return pid as i32;
+            }
+        }
+    })
+    .await
+    .expect("bubblewrap reports its init");
+    Jail {
+        child,
+        init,
+        block: block_w,
+    }
+}
+
+struct Ran {
+    stdout: String,
+    stderr: String,
+}
+
+impl Jail {
+    /// Starts the command and waits for it to end.
+    async fn run(self) -> Ran {
+        rustix::io::write(&self.block, b"x").unwrap();
+        let child = self.child;
+        let output = tokio::time::timeout(
+            Duration::from_secs(120),
+            tokio::task::spawn_blocking(move || child.wait_with_output()),
+        )
+        .await
+        .expect("the jail ends")
+        .unwrap()
+        .unwrap();
+        Ran {
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+/// A jail with the proxy serving `entries`, running `command`.
+async fn proxied(
+    platform: &Platform,
+    entries: &[&str],
+    names: &[(&str, &str)],
+    command: &[String],
+) -> (Ran, RunRecord) {
+    let jail = jail(platform, true, command).await;
+    let (init, run_as) = (jail.init, platform.run_as);
+    let listener = tokio::task::spawn_blocking(move || listen_in(init, run_as, PROXY_PORT))
+        .await
+        .unwrap()
+        .expect("a listener in the jail's network namespace");
+    let policy = Arc::new(Policy::from_entries(entries, Bounds::default()).unwrap());
+    let record = RunRecord::new();
+    let serving = Proxy::new(resolver(names))
+        .serve(listener, policy, record.clone())
+        .unwrap();
+    let ran = jail.run().await;
+    drop(serving);
+    (ran, record)
+}
+
+fn python_present() -> bool {
+    if Path::new(PYTHON).exists() {
+        return true;
+    }
+    eprintln!("SKIPPED: {PYTHON} is not installed");
+    false
+}
+
+/// A port on this machine's own address with a listener behind it, proven
+/// reachable from the host: what code in the jail tries to reach directly.
+fn host_listener() -> Option<(std::net::TcpListener, SocketAddr)> {
+    let own = own_address()?;
+    let listener = std::net::TcpListener::bind((own, 0)).ok()?;
+    let addr = listener.local_addr().ok()?;
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    Some((listener, addr))
+}
+
+const URLLIB_PROBE: &str = r#"
+import http.client, json, socket, sys, urllib.error, urllib.request
+up, echo, direct_host, direct_port = sys.argv[1:5]
+result = {}
+def attempt(name, f):
+    try:
+        result[name] = ["ok", f()]
+    except urllib.error.HTTPError as e:
+        result[name] = ["http", e.code, e.read().decode()]
+    except Exception as e:
+        result[name] = ["error", type(e).__name__, str(e)]
+get = lambda url: urllib.request.urlopen(url, timeout=30).read().decode()
+attempt("allowed", lambda: get(f"http://allowed.test:{up}/hello"))
+attempt("denied", lambda: get(f"http://denied.test:{up}/"))
+def tunnel():
+    c = http.client.HTTPConnection("127.0.0.1", 3128, timeout=30)
+    c.set_tunnel("echo.test", int(echo))
+    c.connect()
+    c.sock.sendall(b"ping")
+    return c.sock.recv(4).decode()
+attempt("tunnel", tunnel)
+def direct(host, port):
+    socket.create_connection((host, int(port)), timeout=5).close()
+    return "connected"
+attempt("direct_host", lambda: direct(direct_host, direct_port))
+attempt("direct_loopback", lambda: direct("127.0.0.1", up))
+attempt("dns", lambda: socket.getaddrinfo("allowed.test", 80))
+no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+attempt("urllib_without_proxy", lambda: no_proxy.open(f"http://{direct_host}:{direct_port}/", timeout=5).read().decode())
+print(json.dumps(result))
+"#;
+
+#[tokio::test]
+async fn a_jail_reaches_allowed_hosts_through_the_proxy_and_nothing_else() {
+    let Some(platform) = platform() else { return };
+    if !python_present() {
+        return;
+    }
+    let up = upstream().await;
+    let echo_port = echo().await;
+    // Code that ignores the proxy aims at this machine's own address when
+    // it has one, else at loopback (then only the namespace is shown).
+    let host = host_listener();
+    let (direct_host, direct_port) = match &host {
+        Some((_, addr)) => (addr.ip().to_string(), addr.port()),
+        None => {
+            eprintln!("NOTE: no global IPv4 address here; direct probes use loopback only");
+            ("127.0.0.1".to_string(), up.port)
+        }
+    };
+    let command = [
+        PYTHON.to_string(),
+        "-c".into(),
+        URLLIB_PROBE.into(),
+        up.port.to_string(),
+        echo_port.to_string(),
+        direct_host.clone(),
+        direct_port.to_string(),
+    ];
+    let (ran, record) = proxied(
+        &platform,
+        &["allowed.test", "echo.test", "127.0.0.0/8"],
+        NAMES,
+        &command,
+    )
+    .await;
+    let result: serde_json::Value = serde_json::from_str(ran.stdout.trim())
+        .unwrap_or_else(|e| panic!("{e}: {} / {}", ran.stdout, ran.stderr));
+    let r = |k: &str| result[k].as_array().unwrap().clone();
+    let allowed = r("allowed");
+    assert_eq!(allowed[0], "ok", "{allowed:?}");
+    assert!(
+        allowed[1]
+            .as_str()
+            .unwrap()
+            .starts_with("hello from upstream")
+    );
+    let denied = r("denied");
+    assert_eq!(
+        (denied[0].as_str(), denied[1].as_i64()),
+        (Some("http"), Some(403))
+    );
+    assert!(
+        denied[2]
+            .as_str()
+            .unwrap()
+            .contains("denied.test is not on this environment's network allowlist"),
+        "{denied:?}"
+    );
+    assert_eq!(r("tunnel"), vec!["ok", "ping"]);
+    // Without the proxy: no route, no loopback server, no DNS.
+    for probe in [
+        "direct_host",
+        "direct_loopback",
+        "dns",
+        "urllib_without_proxy",
+    ] {
+        assert_eq!(r(probe)[0], "error", "{probe}: {:?}", r(probe));
+    }
+    if host.is_some() {
+        assert!(
+            r("direct_host")[2]
+                .as_str()
+                .unwrap()
+                .contains("unreachable"),
+            "{:?}",
+            r("direct_host")
+        );
+    }
+    assert!(
+        r("direct_loopback")[2]
+            .as_str()
+            .unwrap()
+            .contains("refused"),
+        "{:?}",
+        r("direct_loopback")
+    );
+    let report = record.report();
+    assert_eq!(report.denied_hosts(), vec!["denied.test".to_string()]);
+    let reached: Vec<&str> = report.allowed.iter().map(|h| h.host.as_str()).collect();
+    assert_eq!(reached, vec!["allowed.test", "echo.test"], "{report:?}");
+}
+
+#[tokio::test]
+async fn curl_in_a_jail_follows_the_proxy_and_fails_without_it() {
+    let Some(platform) = platform() else { return };
+    if !Path::new("/usr/bin/curl").exists() {
+        eprintln!("SKIPPED: curl is not installed");
+        return;
+    }
+    let up = upstream().await;
+    let host = host_listener();
+    let direct = match &host {
+        Some((_, addr)) => addr.to_string(),
+        None => format!("127.0.0.1:{}", up.port),
+    };
+    let p = up.port;
+    let script = format!(
+        "curl -sS -m 30 http://allowed.test:{p}/hello; echo \"exit=$?\"
+         curl -sS -m 30 -p http://allowed.test:{p}/hello; echo \"exit=$?\"
+         curl -sS -m 30 -o /dev/null -w '%{{http_code}}\\n' http://denied.test:{p}/; echo \"exit=$?\"
+         curl -sS -m 5 --noproxy '*' http://{direct}/; echo \"exit=$?\"
+         curl -sS -m 5 --noproxy '*' http://127.0.0.1:{p}/; echo \"exit=$?\"
+         curl -sS -m 5 --noproxy '*' http://allowed.test:{p}/; echo \"exit=$?\""
+    );
+    let command = ["/bin/sh".to_string(), "-c".into(), script];
+    let (ran, record) = proxied(&platform, &["allowed.test", "127.0.0.0/8"], NAMES, &command).await;
+    let exits: Vec<&str> = ran
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("exit="))
+        .collect();
+    assert_eq!(exits.len(), 6, "{} / {}", ran.stdout, ran.stderr);
+    // Plain HTTP forwarding, then the same through a CONNECT tunnel (-p).
+    assert_eq!(
+        &exits[..3],
+        ["0", "0", "0"],
+        "{} / {}",
+        ran.stdout,
+        ran.stderr
+    );
+    assert_eq!(
+        ran.stdout.matches("hello from upstream").count(),
+        2,
+        "{}",
+        ran.stdout
+    );
+    assert!(ran.stdout.contains("403\n"), "{}", ran.stdout);
+    // --noproxy: 7 (could not connect) or 6 (could not resolve).
+    assert_eq!(
+        &exits[3..],
+        ["7", "7", "6"],
+        "{} / {}",
+        ran.stdout,
+        ran.stderr
+    );
+    assert_eq!(
+        record.report().denied_hosts(),
+        vec!["denied.test".to_string()]
+    );
+}
+
+/// A wheel built by the host's Python: the smallest package pip accepts.
+fn wheel() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.whl");
+    let build = r#"
+import sys, zipfile
+files = {
+    "tinypkg/__init__.py": "VALUE = 42\n",
+    "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+    "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for name, text in files.items():
+        z.writestr(name, text)
+    z.writestr("tinypkg-1.0.dist-info/RECORD", "".join(f"{n},,\n" for n in files) + "tinypkg-1.0.dist-info/RECORD,,\n")
+"#;
+    let ok = Command::new(PYTHON)
+        .args(["-c", build])
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "building the test wheel");
+    std::fs::read(path).unwrap()
+}
+
+#[tokio::test]
+async fn pip_downloads_from_an_allowed_index_only() {
+    let Some(platform) = platform() else { return };
+    if !python_present() {
+        return;
+    }
+    let has_pip = Command::new(PYTHON)
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_pip {
+        eprintln!("SKIPPED: {PYTHON} has no pip");
+        return;
+    }
+    let wheel = wheel();
+    let index = "<html><body><a href=\"/files/tinypkg-1.0-py3-none-any.whl\">tinypkg-1.0-py3-none-any.whl</a></body></html>";
+    let up = upstream_with(vec![
+        (
+            "/simple/tinypkg/".into(),
+            "text/html",
+            index.as_bytes().to_vec(),
+        ),
+        (
+            "/files/tinypkg-1.0-py3-none-any.whl".into(),
+            "application/octet-stream",
+            wheel,
+        ),
+    ])
+    .await;
+    let pip = |host: &str| {
+        format!(
+            "{PYTHON} -m pip download --no-deps --no-cache-dir --disable-pip-version-check \
+             --retries 0 --timeout 20 --trusted-host {host} --index-url http://{host}:{}/simple/ -d /tmp/dl-{host} tinypkg; \
+             echo \"exit=$?\"; ls /tmp/dl-{host}",
+            up.port
+        )
+    };
+    let script = format!("{}\n{}", pip("pypi.test"), pip("denied.test"));
+    let command = ["/bin/sh".to_string(), "-c".into(), script];
+    let (ran, record) = proxied(
+        &platform,
+        &["pypi.test", "127.0.0.0/8"],
+        &[("pypi.test", "127.0.0.1")],
+        &command,
+    )
+    .await;
+    let exits: Vec<&str> = ran
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("exit="))
+        .collect();
+    assert_eq!(exits.first(), Some(&"0"), "{} / {}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stdout.contains("tinypkg-1.0-py3-none-any.whl"),
+        "{}",
+        ran.stdout
+    );
+    assert_ne!(exits.get(1), Some(&"0"), "{} / {}", ran.stdout, ran.stderr);
+    // pip reports a 403 from an index as "no versions"; the record names the host.
+    let report = record.report();
+    assert_eq!(report.denied_hosts(), vec!["denied.test".to_string()]);
+    assert!(
+        report
+            .allowed
+            .iter()
+            .any(|h| h.host == "pypi.test" && h.bytes_received > 0)
+    );
+}
+
+#[tokio::test]
+async fn npm_reads_an_allowed_registry_only() {
+    let Some(platform) = platform() else { return };
+    if !Path::new("/usr/bin/npm").exists() {
+        eprintln!("SKIPPED: npm is not installed");
+        return;
+    }
+    let up = upstream().await;
+    let metadata = format!(
+        r#"{{"name":"tinypkg","dist-tags":{{"latest":"1.2.3"}},"versions":{{"1.2.3":{{"name":"tinypkg","version":"1.2.3","dist":{{"tarball":"http://registry.test:{}/tinypkg/-/tinypkg-1.2.3.tgz","shasum":"0000000000000000000000000000000000000000"}}}}}}}}"#,
+        up.port
+    );
+    let registry = upstream_with(vec![(
+        "/tinypkg".into(),
+        "application/json",
+        metadata.into_bytes(),
+    )])
+    .await;
+    let npm = |host: &str| {
+        format!(
+            "npm view tinypkg version --registry http://{host}:{}/ --fetch-retries 0 \
+             --no-update-notifier --cache /tmp/npm-cache 2>&1; echo \"exit=$?\"",
+            registry.port
+        )
+    };
+    let script = format!("{}\n{}", npm("registry.test"), npm("denied.test"));
+    let command = ["/bin/sh".to_string(), "-c".into(), script];
+    let (ran, record) = proxied(
+        &platform,
+        &["registry.test", "127.0.0.0/8"],
+        &[("registry.test", "127.0.0.1")],
+        &command,
+    )
+    .await;
+    let exits: Vec<&str> = ran
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("exit="))
+        .collect();
+    assert_eq!(exits.first(), Some(&"0"), "{} / {}", ran.stdout, ran.stderr);
+    assert!(ran.stdout.starts_with("1.2.3\n"), "{}", ran.stdout);
+    assert_ne!(exits.get(1), Some(&"0"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("403"), "{}", ran.stdout);
+    assert_eq!(
+        record.report().denied_hosts(),
+        vec!["denied.test".to_string()]
+    );
+}
+
+#[tokio::test]
+async fn the_listener_is_refused_for_a_jail_that_shares_the_network() {
+    let Some(platform) = platform() else { return };
+    let jail = jail(&platform, false, &["/bin/true".to_string()]).await;
+    let (init, run_as) = (jail.init, platform.run_as);
+    let err = tokio::task::spawn_blocking(move || listen_in(init, run_as, PROXY_PORT))
+        .await
+        .unwrap()
+        .expect_err("no listener in the daemon's own namespace");
+    assert!(err.to_string().contains("--unshare-net"), "{err}");
+    jail.run().await;
+}
+
+#[tokio::test]
+async fn a_listener_made_before_the_sandbox_loopback_is_up_serves_once_it_is() {
+    // bubblewrap names its init before the init brings loopback up; a
+    // namespace whose loopback comes up half a second late stands for that.
+    let (Ok(unshare), Ok(ip)) = (which::which("unshare"), which::which("ip")) else {
+        eprintln!("SKIPPED: needs unshare and ip");
+        return;
+    };
+    if !python_present() {
+        return;
+    }
+    let script = format!(
+        "sleep 0.5; {} link set lo up; {PYTHON} -c 'import socket; \
+         socket.create_connection((\"127.0.0.1\", {PROXY_PORT}), timeout=20).sendall(b\"hi\")'",
+        ip.display()
+    );
+    let mut child = match Command::new(unshare)
+        .args(["--user", "--map-root-user", "--net", "sh", "-c", &script])
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot run unshare: {e}");
+            return;
+        }
+    };
+    // Until unshare has made its namespaces, its network is the test's own.
+    let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let pid = child.id() as i32;
+    for _ in 0..100 {
+        if std::fs::read_link(format!("/proc/{pid}/ns/net")).ok() != Some(own.clone()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let listened = tokio::task::spawn_blocking(move || listen_in(pid, None, PROXY_PORT))
+        .await
+        .unwrap();
+    let listener = match listened {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no listener: {e}");
+        }
+    };
+    listener.set_nonblocking(true).unwrap();
+    let listener = TcpListener::from_std(listener).unwrap();
+    let mut got = Vec::new();
+    let accepted = tokio::time::timeout(Duration::from_secs(20), async {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        stream.read_to_end(&mut got).await.unwrap();
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(accepted.is_ok(), "nothing connected");
+    assert_eq!(got, b"hi");
 }
