@@ -437,7 +437,7 @@ fn normalise_name(name: &str) -> Result<String, String> {
     Ok(name)
 }
 
-/// The table form of the setting, as written.
+/// Only the listed hosts, through the daemon's proxy (the table form).
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct AllowTable {
@@ -447,10 +447,13 @@ struct AllowTable {
     /// ("10.1.2.0/24"), or "*" for any public host. Loopback, private,
     /// link-local and metadata addresses stay refused unless a listed range
     /// contains them.
+    #[schemars(length(min = 1))]
     allow: Vec<String>,
     /// Connections a run may have open through the proxy at once (default 32).
+    #[schemars(range(min = 1, max = 1024))]
     max_connections: Option<u32>,
     /// MiB a run may move through the proxy, both ways together (default 1024).
+    #[schemars(range(min = 1, max = 1_048_576))]
     transfer_mb: Option<u64>,
 }
 
@@ -525,7 +528,9 @@ impl JsonSchema for NetworkSetting {
             "description": "Network access: false (none), true (any public host, through the \
                 daemon's proxy), or { allow = [...] } (only the listed hosts, through the proxy).",
             "x-expected": EXPECTING,
-            "oneOf": [{ "type": "boolean" }, table],
+            // anyOf, not oneOf: the two forms cannot overlap, and the Nix
+            // side's checker (nix/lib/schema.nix) understands anyOf.
+            "anyOf": [{ "type": "boolean" }, table],
         })
     }
 }
@@ -770,8 +775,10 @@ mod tests {
     fn the_schema_accepts_both_forms() {
         let schema = schemars::schema_for!(NetworkSetting);
         let text = serde_json::to_string(&schema).unwrap();
+        assert!(text.contains("\"anyOf\""), "{text}");
         assert!(text.contains("\"boolean\""), "{text}");
         assert!(text.contains("\"allow\""), "{text}");
         assert!(text.contains("transfer_mb"), "{text}");
+        assert!(text.contains("\"maximum\":1024"), "{text}");
     }
 }
