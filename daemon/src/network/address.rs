@@ -21,7 +21,7 @@ use std::sync::LazyLock;
 
 use ipnet::IpNet;
 
-/// A range the proxy refuses, and what it is in words.
+/// A range the proxy refuses, and what it is in words (with its article).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refused {
     pub range: IpNet,
@@ -36,37 +36,37 @@ impl std::fmt::Display for Refused {
 
 /// Most specific first: the first match names the address.
 const RANGES: &[(&str, &str)] = &[
-    ("169.254.169.254/32", "cloud metadata address"),
-    ("168.63.129.16/32", "cloud metadata address (Azure)"),
-    ("100.100.100.200/32", "cloud metadata address (Alibaba)"),
-    ("fd00:ec2::254/128", "cloud metadata address (AWS)"),
-    ("255.255.255.255/32", "broadcast address"),
-    ("0.0.0.0/8", "\"this network\" address"),
-    ("10.0.0.0/8", "private address"),
-    ("100.64.0.0/10", "shared (carrier-grade NAT) address"),
-    ("127.0.0.0/8", "loopback address"),
-    ("169.254.0.0/16", "link-local address"),
-    ("172.16.0.0/12", "private address"),
-    ("192.0.0.0/24", "IETF protocol assignment"),
-    ("192.0.2.0/24", "documentation address"),
-    ("192.88.99.0/24", "6to4 relay address"),
-    ("192.168.0.0/16", "private address"),
-    ("198.18.0.0/15", "benchmarking address"),
-    ("198.51.100.0/24", "documentation address"),
-    ("203.0.113.0/24", "documentation address"),
-    ("224.0.0.0/4", "multicast address"),
-    ("240.0.0.0/4", "reserved address"),
-    ("::/128", "unspecified address"),
-    ("::1/128", "loopback address"),
-    ("::/96", "IPv4-compatible address"),
-    ("64:ff9b:1::/48", "local NAT64 address"),
-    ("100::/64", "discard-only address"),
-    ("2001::/32", "Teredo address"),
-    ("2001:db8::/32", "documentation address"),
-    ("fc00::/7", "unique-local address"),
-    ("fe80::/10", "link-local address"),
-    ("fec0::/10", "site-local address"),
-    ("ff00::/8", "multicast address"),
+    ("169.254.169.254/32", "a cloud metadata address"),
+    ("168.63.129.16/32", "a cloud metadata address (Azure)"),
+    ("100.100.100.200/32", "a cloud metadata address (Alibaba)"),
+    ("fd00:ec2::254/128", "a cloud metadata address (AWS)"),
+    ("255.255.255.255/32", "a broadcast address"),
+    ("0.0.0.0/8", "a \"this network\" address"),
+    ("10.0.0.0/8", "a private address"),
+    ("100.64.0.0/10", "a shared (carrier-grade NAT) address"),
+    ("127.0.0.0/8", "a loopback address"),
+    ("169.254.0.0/16", "a link-local address"),
+    ("172.16.0.0/12", "a private address"),
+    ("192.0.0.0/24", "an IETF protocol assignment"),
+    ("192.0.2.0/24", "a documentation address"),
+    ("192.88.99.0/24", "a 6to4 relay address"),
+    ("192.168.0.0/16", "a private address"),
+    ("198.18.0.0/15", "a benchmarking address"),
+    ("198.51.100.0/24", "a documentation address"),
+    ("203.0.113.0/24", "a documentation address"),
+    ("224.0.0.0/4", "a multicast address"),
+    ("240.0.0.0/4", "a reserved address"),
+    ("::/128", "an unspecified address"),
+    ("::1/128", "a loopback address"),
+    ("::/96", "an IPv4-compatible address"),
+    ("64:ff9b:1::/48", "a local NAT64 address"),
+    ("100::/64", "a discard-only address"),
+    ("2001::/32", "a Teredo address"),
+    ("2001:db8::/32", "a documentation address"),
+    ("fc00::/7", "a unique-local address"),
+    ("fe80::/10", "a link-local address"),
+    ("fec0::/10", "a site-local address"),
+    ("ff00::/8", "a multicast address"),
 ];
 
 static TABLE: LazyLock<Vec<Refused>> = LazyLock::new(|| {
@@ -107,9 +107,9 @@ pub fn refused_range(ip: IpAddr) -> Option<Refused> {
     Some(Refused {
         range: prefix.parse().expect("a valid prefix"),
         what: if prefix == NAT64 {
-            "NAT64 address of a refused IPv4 address"
+            "a NAT64 address of a refused IPv4 address"
         } else {
-            "6to4 address of a refused IPv4 address"
+            "a 6to4 address of a refused IPv4 address"
         },
     })
 }
@@ -131,31 +131,31 @@ mod tests {
     #[test]
     fn every_special_ipv4_range_is_refused() {
         for (addr, expected) in [
-            ("0.0.0.0", "\"this network\" address"),
-            ("0.1.2.3", "\"this network\" address"),
-            ("10.0.0.1", "private address"),
-            ("10.255.255.255", "private address"),
-            ("100.64.0.1", "shared (carrier-grade NAT) address"),
-            ("100.127.255.254", "shared (carrier-grade NAT) address"),
-            ("127.0.0.1", "loopback address"),
-            ("127.255.0.9", "loopback address"),
-            ("169.254.1.1", "link-local address"),
-            ("169.254.169.254", "cloud metadata address"),
-            ("168.63.129.16", "cloud metadata address (Azure)"),
-            ("100.100.100.200", "cloud metadata address (Alibaba)"),
-            ("172.16.0.1", "private address"),
-            ("172.31.255.255", "private address"),
-            ("192.0.0.170", "IETF protocol assignment"),
-            ("192.0.2.10", "documentation address"),
-            ("192.168.1.1", "private address"),
-            ("198.18.0.1", "benchmarking address"),
-            ("198.19.255.1", "benchmarking address"),
-            ("198.51.100.7", "documentation address"),
-            ("203.0.113.9", "documentation address"),
-            ("224.0.0.251", "multicast address"),
-            ("239.255.255.250", "multicast address"),
-            ("240.0.0.1", "reserved address"),
-            ("255.255.255.255", "broadcast address"),
+            ("0.0.0.0", "a \"this network\" address"),
+            ("0.1.2.3", "a \"this network\" address"),
+            ("10.0.0.1", "a private address"),
+            ("10.255.255.255", "a private address"),
+            ("100.64.0.1", "a shared (carrier-grade NAT) address"),
+            ("100.127.255.254", "a shared (carrier-grade NAT) address"),
+            ("127.0.0.1", "a loopback address"),
+            ("127.255.0.9", "a loopback address"),
+            ("169.254.1.1", "a link-local address"),
+            ("169.254.169.254", "a cloud metadata address"),
+            ("168.63.129.16", "a cloud metadata address (Azure)"),
+            ("100.100.100.200", "a cloud metadata address (Alibaba)"),
+            ("172.16.0.1", "a private address"),
+            ("172.31.255.255", "a private address"),
+            ("192.0.0.170", "an IETF protocol assignment"),
+            ("192.0.2.10", "a documentation address"),
+            ("192.168.1.1", "a private address"),
+            ("198.18.0.1", "a benchmarking address"),
+            ("198.19.255.1", "a benchmarking address"),
+            ("198.51.100.7", "a documentation address"),
+            ("203.0.113.9", "a documentation address"),
+            ("224.0.0.251", "a multicast address"),
+            ("239.255.255.250", "a multicast address"),
+            ("240.0.0.1", "a reserved address"),
+            ("255.255.255.255", "a broadcast address"),
         ] {
             assert_eq!(what(addr), Some(expected), "{addr}");
         }
@@ -164,20 +164,20 @@ mod tests {
     #[test]
     fn every_special_ipv6_range_is_refused() {
         for (addr, expected) in [
-            ("::", "unspecified address"),
-            ("::1", "loopback address"),
-            ("::7f00:1", "IPv4-compatible address"),
-            ("64:ff9b:1::1", "local NAT64 address"),
-            ("100::1", "discard-only address"),
-            ("2001::1", "Teredo address"),
-            ("2001:db8::1", "documentation address"),
-            ("fc00::1", "unique-local address"),
-            ("fd12:3456::1", "unique-local address"),
-            ("fd00:ec2::254", "cloud metadata address (AWS)"),
-            ("fe80::1", "link-local address"),
-            ("febf::1", "link-local address"),
-            ("fec0::1", "site-local address"),
-            ("ff02::1", "multicast address"),
+            ("::", "an unspecified address"),
+            ("::1", "a loopback address"),
+            ("::7f00:1", "an IPv4-compatible address"),
+            ("64:ff9b:1::1", "a local NAT64 address"),
+            ("100::1", "a discard-only address"),
+            ("2001::1", "a Teredo address"),
+            ("2001:db8::1", "a documentation address"),
+            ("fc00::1", "a unique-local address"),
+            ("fd12:3456::1", "a unique-local address"),
+            ("fd00:ec2::254", "a cloud metadata address (AWS)"),
+            ("fe80::1", "a link-local address"),
+            ("febf::1", "a link-local address"),
+            ("fec0::1", "a site-local address"),
+            ("ff02::1", "a multicast address"),
         ] {
             assert_eq!(what(addr), Some(expected), "{addr}");
         }
@@ -185,30 +185,30 @@ mod tests {
 
     #[test]
     fn mapped_and_embedded_ipv4_is_judged_as_ipv4() {
-        assert_eq!(what("::ffff:127.0.0.1"), Some("loopback address"));
+        assert_eq!(what("::ffff:127.0.0.1"), Some("a loopback address"));
         assert_eq!(
             what("::ffff:169.254.169.254"),
-            Some("cloud metadata address")
+            Some("a cloud metadata address")
         );
-        assert_eq!(what("::ffff:10.1.2.3"), Some("private address"));
-        assert_eq!(what("::ffff:192.168.0.1"), Some("private address"));
+        assert_eq!(what("::ffff:10.1.2.3"), Some("a private address"));
+        assert_eq!(what("::ffff:192.168.0.1"), Some("a private address"));
         assert_eq!(what("::ffff:8.8.8.8"), None);
         assert_eq!(
             what("64:ff9b::127.0.0.1"),
-            Some("NAT64 address of a refused IPv4 address")
+            Some("a NAT64 address of a refused IPv4 address")
         );
         assert_eq!(
             what("64:ff9b::a9fe:a9fe"),
-            Some("NAT64 address of a refused IPv4 address")
+            Some("a NAT64 address of a refused IPv4 address")
         );
         assert_eq!(what("64:ff9b::8.8.8.8"), None);
         assert_eq!(
             what("2002:7f00:1::1"),
-            Some("6to4 address of a refused IPv4 address")
+            Some("a 6to4 address of a refused IPv4 address")
         );
         assert_eq!(
             what("2002:c0a8:101::"),
-            Some("6to4 address of a refused IPv4 address")
+            Some("a 6to4 address of a refused IPv4 address")
         );
         assert_eq!(what("2002:0808:0808::1"), None);
     }

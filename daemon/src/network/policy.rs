@@ -226,7 +226,7 @@ impl fmt::Display for Denial {
                 }
                 write!(
                     f,
-                    "a {refused}; the proxy refuses loopback, private, link-local and metadata \
+                    "{refused}; the proxy refuses loopback, private, link-local and metadata \
                      addresses unless the allowlist names the range"
                 )
             }
