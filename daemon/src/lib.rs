@@ -8,7 +8,8 @@
 //! offers), `server` (the MCP surface), `app` (start-up wiring), `doctor`
 //! (diagnostics), `audit` (the run log), `jobs` (background runs),
 //! `sessions` (state across calls), `commands` (declared commands),
-//! `clients` (MCP clients' configuration).
+//! `clients` (MCP clients' configuration), `network` (which hosts a sandbox
+//! may reach, and the proxy that holds it to that).
 
 pub mod app;
 pub mod audit;
@@ -22,6 +23,7 @@ pub mod exec;
 pub mod jail;
 pub mod jobs;
 pub mod limits;
+pub mod network;
 pub mod platform;
 pub mod registry;
 pub mod seccomp;

@@ -1,0 +1,784 @@
+//! The allowlist of one environment and the configuration value it is read
+//! from: `network = false | true | { allow = [...] }`.
+//!
+//! An entry is an exact host name (`pypi.org`), a suffix wildcard
+//! (`*.pythonhosted.org`: any name ending in `.pythonhosted.org`, not
+//! `pythonhosted.org` itself), an IP address or a CIDR range, or `*` (any
+//! host name). Names match case-insensitively with a trailing dot ignored.
+//! Internationalised names must be written in their ASCII (`xn--`) form:
+//! HTTP clients send that form, and rejecting other spellings keeps one
+//! way of writing each name (no Unicode normalisation crate needed).
+//! Ports are not part of an entry: every port of an allowed host is open.
+//!
+//! A request passes in two steps. First the host as the client wrote it:
+//! a name must match a name entry; an IP literal must lie in a listed
+//! address or range, or, under `*`, be public. Then every address the
+//! proxy resolved: an address in a refused range (loopback, private,
+//! link-local, metadata…, see `address.rs`) fails the request unless a
+//! listed range contains it. So listed ranges do two things: they make IP
+//! literals reachable, and they let allowed names resolve into otherwise
+//! refused space (an internal registry on 10.1.2.0/24, say).
+//!
+//! `network = true` is `{ allow = ["*"] }`: any public host, still through
+//! the proxy, still refusing loopback, private, link-local and metadata
+//! addresses. Opening the sandbox to the host's own network is never what
+//! "network on" should mean, and one path out is simpler to reason about
+//! than two.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, de::value::MapAccessDeserializer};
+
+use super::address::{Refused, refused_range};
+
+/// Connections a run may have open through the proxy at once, by default.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 32;
+/// Bytes a run may move through the proxy (both ways), by default: 1 GiB.
+pub const DEFAULT_TRANSFER_MB: u64 = 1024;
+/// The largest `max_connections` accepted: beyond it the bound bounds little.
+const MAX_CONNECTIONS_CEILING: u32 = 1024;
+
+/// An environment's `network` setting.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NetworkSetting {
+    /// `false`: no network at all (no proxy either).
+    #[default]
+    Off,
+    /// `true` or a table: traffic through the proxy under this policy.
+    Proxied(Policy),
+}
+
+impl NetworkSetting {
+    pub fn policy(&self) -> Option<&Policy> {
+        match self {
+            NetworkSetting::Off => None,
+            NetworkSetting::Proxied(p) => Some(p),
+        }
+    }
+}
+
+/// What one sandbox may reach, and how much.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// In the order written (the summary shows them so).
+    rules: Vec<Rule>,
+    pub bounds: Bounds,
+}
+
+/// One allowlist entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rule {
+    /// `*`: any host name (and any public IP literal).
+    AnyName,
+    /// An exact name, normalised.
+    Name(String),
+    /// `*.suffix`: names ending in `.suffix` (stored without the `*.`).
+    Suffix(String),
+    /// An address or range, reachable even where the filter refuses.
+    Addresses(IpNet),
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::AnyName => f.write_str("*"),
+            Rule::Name(n) => f.write_str(n),
+            Rule::Suffix(s) => write!(f, "*.{s}"),
+            Rule::Addresses(net) if net.prefix_len() == net.max_prefix_len() => {
+                write!(f, "{}", net.addr())
+            }
+            Rule::Addresses(net) => write!(f, "{net}"),
+        }
+    }
+}
+
+/// Per-run bounds of the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Client connections open at once (a CONNECT tunnel or a keep-alive
+    /// HTTP connection is one).
+    pub max_connections: u32,
+    /// Bytes moved through the proxy, both ways together, per run.
+    pub max_transfer_bytes: u64,
+    /// Resolving a name and connecting to it, together.
+    pub connect_timeout: Duration,
+    /// A connection with no bytes either way for this long is closed; an
+    /// upstream that sends no response head for this long gets a 504.
+    pub idle_timeout: Duration,
+    /// Time a client has to send a request's head (also between requests
+    /// on a kept-alive connection).
+    pub header_timeout: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_transfer_bytes: DEFAULT_TRANSFER_MB << 20,
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            header_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A request's host as the client wrote it, normalised.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Host {
+    Name(String),
+    Ip(IpAddr),
+}
+
+impl Host {
+    /// Parses the host part of a request target (`[::1]` for IPv6).
+    pub fn parse(s: &str) -> Result<Host, String> {
+        let bare = s
+            .strip_prefix('[')
+            .and_then(|v| v.strip_suffix(']'))
+            .unwrap_or(s);
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return Ok(Host::Ip(ip.to_canonical()));
+        }
+        normalise_name(s).map(Host::Name)
+    }
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Name(n) => f.write_str(n),
+            Host::Ip(ip) => write!(f, "{ip}"),
+        }
+    }
+}
+
+/// Why the proxy refused a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// The name, or the IP literal, is not on the allowlist.
+    NotListed { host: Host, allowed: String },
+    /// The host is (or resolved to) an address in a refused range that the
+    /// allowlist does not name.
+    Address {
+        host: Host,
+        addr: IpAddr,
+        refused: Refused,
+    },
+}
+
+impl Denial {
+    pub fn host(&self) -> &Host {
+        match self {
+            Denial::NotListed { host, .. } | Denial::Address { host, .. } => host,
+        }
+    }
+
+    /// A short, stable name of the rule that refused (for logs and results).
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Denial::NotListed { .. } => "not-on-allowlist",
+            Denial::Address { .. } => "refused-address",
+        }
+    }
+
+    /// What to add to the allowlist to let this through.
+    pub fn remedy(&self) -> String {
+        match self {
+            Denial::NotListed { host, .. } => format!("\"{host}\""),
+            Denial::Address { refused, .. } => format!("\"{}\"", refused.range),
+        }
+    }
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::NotListed {
+                host: Host::Name(n),
+                allowed,
+            } => write!(
+                f,
+                "{n} is not on this environment's network allowlist (allowed: {allowed})"
+            ),
+            Denial::NotListed {
+                host: Host::Ip(ip),
+                allowed,
+            } => write!(
+                f,
+                "{ip} is an IP address that this environment's network allowlist does not name \
+                 (allowed: {allowed}); addresses are reachable only when the allowlist lists \
+                 them or their range"
+            ),
+            Denial::Address {
+                host,
+                addr,
+                refused,
+            } => {
+                match host {
+                    Host::Name(n) => write!(f, "{n} resolves to {addr}, ")?,
+                    Host::Ip(_) => write!(f, "{addr} is ")?,
+                }
+                write!(
+                    f,
+                    "{refused}; the proxy refuses loopback, private, link-local and metadata \
+                     addresses unless the allowlist names the range"
+                )
+            }
+        }
+    }
+}
+
+impl Policy {
+    /// Any public host (`network = true`).
+    pub fn any_public() -> Policy {
+        Policy {
+            rules: vec![Rule::AnyName],
+            bounds: Bounds::default(),
+        }
+    }
+
+    /// A policy from allowlist entries as written in the configuration.
+    pub fn from_entries<S: AsRef<str>>(entries: &[S], bounds: Bounds) -> Result<Policy, String> {
+        let mut rules: Vec<Rule> = Vec::new();
+        for e in entries {
+            let rule = parse_entry(e.as_ref())?;
+            if !rules.contains(&rule) {
+                rules.push(rule);
+            }
+        }
+        Ok(Policy { rules, bounds })
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// One line for the tool description: "pypi.org, *.pythonhosted.org",
+    /// with `*` written as "any public host".
+    pub fn summary(&self) -> String {
+        if self.rules.is_empty() {
+            return "no hosts".to_string();
+        }
+        self.rules
+            .iter()
+            .map(|r| match r {
+                Rule::AnyName => "any public host".to_string(),
+                r => r.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// First step: may a request for `host` go ahead (to resolution)?
+    pub fn admits(&self, host: &Host) -> Result<(), Denial> {
+        let listed = match host {
+            Host::Name(name) => self.rules.iter().any(|r| match r {
+                Rule::AnyName => true,
+                Rule::Name(n) => n == name,
+                Rule::Suffix(s) => {
+                    name.len() > s.len() + 1
+                        && name.ends_with(s.as_str())
+                        && name.as_bytes()[name.len() - s.len() - 1] == b'.'
+                }
+                Rule::Addresses(_) => false,
+            }),
+            Host::Ip(ip) if self.lists_address(*ip) => true,
+            Host::Ip(ip) if self.rules.contains(&Rule::AnyName) => {
+                return self.check_addresses(host, &[*ip]);
+            }
+            Host::Ip(_) => false,
+        };
+        if listed {
+            Ok(())
+        } else {
+            Err(Denial::NotListed {
+                host: host.clone(),
+                allowed: self.summary(),
+            })
+        }
+    }
+
+    /// Second step: may the proxy connect to these addresses of `host`?
+    /// Every one is checked; one refused address refuses the host, since a
+    /// name that mixes public and internal addresses is a rebinding attempt
+    /// or a misconfiguration, and neither should depend on which is tried first.
+    pub fn check_addresses(&self, host: &Host, addrs: &[IpAddr]) -> Result<(), Denial> {
+        for addr in addrs {
+            let addr = addr.to_canonical();
+            if self.lists_address(addr) {
+                continue;
+            }
+            if let Some(refused) = refused_range(addr) {
+                return Err(Denial::Address {
+                    host: host.clone(),
+                    addr,
+                    refused,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn lists_address(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.rules
+            .iter()
+            .any(|r| matches!(r, Rule::Addresses(net) if net.contains(&ip)))
+    }
+}
+
+/// Parses one allowlist entry; the error says what is wrong and how to write it.
+fn parse_entry(entry: &str) -> Result<Rule, String> {
+    let problem = |why: &str| Err(format!("allowlist entry {entry:?}: {why}"));
+    if entry == "*" {
+        return Ok(Rule::AnyName);
+    }
+    if entry.trim() != entry || entry.is_empty() {
+        return problem("write the entry without spaces");
+    }
+    if entry.contains("://") {
+        return problem("write a host name without a scheme or path, e.g. \"pypi.org\"");
+    }
+    if entry.contains('/') {
+        let Ok(net) = entry.parse::<IpNet>() else {
+            return problem("not a host name, an address or a CIDR range such as \"10.0.0.0/8\"");
+        };
+        if net.trunc() != net {
+            return problem(&format!(
+                "the range has host bits set; did you mean \"{}\"?",
+                net.trunc()
+            ));
+        }
+        return Ok(Rule::Addresses(canonical_net(net)));
+    }
+    let bare = entry
+        .strip_prefix('[')
+        .and_then(|v| v.strip_suffix(']'))
+        .unwrap_or(entry);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(Rule::Addresses(IpNet::from(ip.to_canonical())));
+    }
+    if let Some(suffix) = entry.strip_prefix("*.") {
+        return match normalise_name(suffix) {
+            Ok(s) => Ok(Rule::Suffix(s)),
+            Err(why) => problem(&why),
+        };
+    }
+    if entry.contains('*') {
+        return problem(
+            "`*` may only be a whole first label, as in \"*.example.com\", or the whole entry \
+             (any public host)",
+        );
+    }
+    if entry.contains(':') {
+        return problem("ports are not part of an entry; every port of an allowed host is open");
+    }
+    normalise_name(entry)
+        .map(Rule::Name)
+        .or_else(|why| problem(&why))
+}
+
+/// An IPv4-mapped IPv6 range as the IPv4 range it is, so it matches the
+/// canonical addresses the proxy checks.
+fn canonical_net(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net
+        && v6.prefix_len() >= 96
+        && let IpAddr::V4(v4) = IpAddr::V6(v6.network()).to_canonical()
+    {
+        return IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96).unwrap_or(net);
+    }
+    net
+}
+
+/// A host name in the one form the policy compares: ASCII, lower case, no
+/// trailing dot, labels of letters, digits, `-` and `_`. Names whose last
+/// label is numeric are refused: resolvers read `127.1` or `0x7f000001` as
+/// addresses, and such spellings are only ever used to slip past filters.
+fn normalise_name(name: &str) -> Result<String, String> {
+    if !name.is_ascii() {
+        return Err(
+            "write internationalised names in their ASCII form (xn--…), as HTTP clients send them"
+                .to_string(),
+        );
+    }
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    if name.is_empty() || name.len() > 253 {
+        return Err("not a host name (empty or longer than 253 characters)".to_string());
+    }
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Err("not a host name (an empty or over-long label)".to_string());
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(
+                "not a host name (only letters, digits, '-' and '_' between dots)".to_string(),
+            );
+        }
+    }
+    let last = name.rsplit('.').next().unwrap_or_default();
+    let hex = last
+        .strip_prefix("0x")
+        .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+    if last.bytes().all(|b| b.is_ascii_digit()) || hex {
+        return Err(
+            "looks like a numeric address; write addresses in standard form, e.g. 127.0.0.1"
+                .to_string(),
+        );
+    }
+    Ok(name)
+}
+
+/// Only the listed hosts, through the daemon's proxy (the table form).
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct AllowTable {
+    /// Hosts the sandbox may reach through the proxy: exact names
+    /// ("pypi.org"), suffix wildcards ("*.pythonhosted.org", which does not
+    /// match "pythonhosted.org" itself), IP addresses or CIDR ranges
+    /// ("10.1.2.0/24"), or "*" for any public host. Loopback, private,
+    /// link-local and metadata addresses stay refused unless a listed range
+    /// contains them.
+    #[schemars(length(min = 1))]
+    allow: Vec<String>,
+    /// Connections a run may have open through the proxy at once (default 32).
+    #[schemars(range(min = 1, max = 1024))]
+    max_connections: Option<u32>,
+    /// MiB a run may move through the proxy, both ways together (default 1024).
+    #[schemars(range(min = 1, max = 1_048_576))]
+    transfer_mb: Option<u64>,
+}
+
+impl AllowTable {
+    fn into_policy(self) -> Result<Policy, String> {
+        let mut bounds = Bounds::default();
+        if let Some(n) = self.max_connections {
+            if !(1..=MAX_CONNECTIONS_CEILING).contains(&n) {
+                return Err(format!(
+                    "max_connections: {n} is out of range (expected 1 to {MAX_CONNECTIONS_CEILING})"
+                ));
+            }
+            bounds.max_connections = n;
+        }
+        if let Some(mb) = self.transfer_mb {
+            if mb == 0 || mb > 1 << 20 {
+                return Err(format!(
+                    "transfer_mb: {mb} is out of range (expected 1 to 1048576)"
+                ));
+            }
+            bounds.max_transfer_bytes = mb << 20;
+        }
+        if self.allow.is_empty() {
+            return Err(
+                "allow is empty: list the hosts, write `network = true` for any public host, \
+                 or `network = false` for none"
+                    .to_string(),
+            );
+        }
+        Policy::from_entries(&self.allow, bounds)
+    }
+}
+
+const EXPECTING: &str =
+    "false, true, or a table such as { allow = [\"pypi.org\", \"*.pythonhosted.org\"] }";
+
+impl<'de> Deserialize<'de> for NetworkSetting {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct SettingVisitor;
+        impl<'de> Visitor<'de> for SettingVisitor {
+            type Value = NetworkSetting;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(EXPECTING)
+            }
+            fn visit_bool<E: de::Error>(self, on: bool) -> Result<NetworkSetting, E> {
+                Ok(if on {
+                    NetworkSetting::Proxied(Policy::any_public())
+                } else {
+                    NetworkSetting::Off
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<NetworkSetting, A::Error> {
+                let table = AllowTable::deserialize(MapAccessDeserializer::new(map))?;
+                table
+                    .into_policy()
+                    .map(NetworkSetting::Proxied)
+                    .map_err(de::Error::custom)
+            }
+        }
+        d.deserialize_any(SettingVisitor)
+    }
+}
+
+impl JsonSchema for NetworkSetting {
+    fn schema_name() -> Cow<'static, str> {
+        "NetworkSetting".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let table = generator.subschema_for::<AllowTable>();
+        json_schema!({
+            "description": "Network access: false (none), true (any public host, through the \
+                daemon's proxy), or { allow = [...] } (only the listed hosts, through the proxy).",
+            "x-expected": EXPECTING,
+            // anyOf, not oneOf: the two forms cannot overlap, and the Nix
+            // side's checker (nix/lib/schema.nix) understands anyOf.
+            "anyOf": [{ "type": "boolean" }, table],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(entries: &[&str]) -> Policy {
+        Policy::from_entries(entries, Bounds::default()).unwrap()
+    }
+
+    fn name(s: &str) -> Host {
+        Host::parse(s).unwrap()
+    }
+
+    fn admits(p: &Policy, host: &str) -> bool {
+        p.admits(&name(host)).is_ok()
+    }
+
+    #[test]
+    fn exact_names_match_case_insensitively_without_trailing_dot() {
+        let p = policy(&["PyPI.org."]);
+        assert!(admits(&p, "pypi.org"));
+        assert!(admits(&p, "PYPI.ORG"));
+        assert!(admits(&p, "pypi.org."));
+        assert!(!admits(&p, "files.pypi.org"));
+        assert!(!admits(&p, "pypi.org.evil.com"));
+        assert!(!admits(&p, "notpypi.org"));
+    }
+
+    #[test]
+    fn wildcards_match_subdomains_only() {
+        let p = policy(&["*.example.com"]);
+        assert!(admits(&p, "a.example.com"));
+        assert!(admits(&p, "a.b.example.com"));
+        assert!(admits(&p, "A.Example.COM."));
+        assert!(!admits(&p, "example.com"));
+        assert!(!admits(&p, "badexample.com"));
+        assert!(!admits(&p, "a.badexample.com"));
+        assert!(!admits(&p, "example.com.evil.net"));
+        assert!(Host::parse(".example.com").is_err());
+        let both = policy(&["example.com", "*.example.com"]);
+        assert!(admits(&both, "example.com"));
+        assert!(admits(&both, "www.example.com"));
+    }
+
+    #[test]
+    fn ip_literals_only_when_listed() {
+        let p = policy(&["pypi.org", "10.1.2.0/24", "127.0.0.1", "[::1]"]);
+        assert!(p.admits(&name("10.1.2.3")).is_ok());
+        assert!(p.admits(&name("127.0.0.1")).is_ok());
+        assert!(p.admits(&name("[::1]")).is_ok());
+        assert!(p.admits(&name("::ffff:127.0.0.1")).is_ok());
+        assert!(p.admits(&name("127.0.0.2")).is_err());
+        assert!(p.admits(&name("10.1.3.1")).is_err());
+        assert!(p.admits(&name("8.8.8.8")).is_err());
+        // A range lets no name through by itself.
+        assert!(p.admits(&name("internal.example")).is_err());
+    }
+
+    #[test]
+    fn any_public_host_still_refuses_internal_addresses() {
+        let p = Policy::any_public();
+        assert!(admits(&p, "anything.example"));
+        assert!(p.admits(&name("8.8.8.8")).is_ok());
+        for internal in [
+            "127.0.0.1",
+            "10.0.0.1",
+            "169.254.169.254",
+            "[::1]",
+            "[fe80::1]",
+        ] {
+            assert!(p.admits(&name(internal)).is_err(), "{internal}");
+        }
+        let host = name("pypi.org");
+        let err = p
+            .check_addresses(&host, &["127.0.0.1".parse().unwrap()])
+            .unwrap_err();
+        assert_eq!(err.rule(), "refused-address");
+        assert_eq!(p.summary(), "any public host");
+    }
+
+    #[test]
+    fn every_resolved_address_is_checked() {
+        let p = policy(&["mixed.test"]);
+        let host = name("mixed.test");
+        let public: IpAddr = "151.101.0.223".parse().unwrap();
+        let lan: IpAddr = "192.168.1.5".parse().unwrap();
+        assert!(p.check_addresses(&host, &[public]).is_ok());
+        for order in [[public, lan], [lan, public]] {
+            let err = p.check_addresses(&host, &order).unwrap_err();
+            assert!(matches!(err, Denial::Address { addr, .. } if addr == lan));
+        }
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let err = p.check_addresses(&host, &[mapped]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("mixed.test resolves to 127.0.0.1, a loopback address (127.0.0.0/8)"),
+            "{text}"
+        );
+        assert_eq!(err.remedy(), "\"127.0.0.0/8\"");
+    }
+
+    #[test]
+    fn listed_ranges_let_allowed_names_into_refused_space() {
+        let p = policy(&["registry.internal", "10.1.2.0/24", "::ffff:127.0.0.0/104"]);
+        let host = name("registry.internal");
+        assert!(
+            p.check_addresses(&host, &["10.1.2.9".parse().unwrap()])
+                .is_ok()
+        );
+        assert!(
+            p.check_addresses(&host, &["10.1.3.9".parse().unwrap()])
+                .is_err()
+        );
+        assert!(
+            p.check_addresses(&host, &["127.0.0.1".parse().unwrap()])
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn denials_name_the_host_and_the_rule() {
+        let p = policy(&["pypi.org", "*.pythonhosted.org"]);
+        let err = p.admits(&name("evil.example")).unwrap_err();
+        assert_eq!(err.rule(), "not-on-allowlist");
+        assert_eq!(
+            err.to_string(),
+            "evil.example is not on this environment's network allowlist (allowed: pypi.org, *.pythonhosted.org)"
+        );
+        assert_eq!(err.remedy(), "\"evil.example\"");
+        let err = p.admits(&name("1.2.3.4")).unwrap_err();
+        assert!(err.to_string().starts_with("1.2.3.4 is an IP address"));
+    }
+
+    #[test]
+    fn bad_entries_say_how_to_write_them() {
+        for (entry, hint) in [
+            ("https://pypi.org", "without a scheme"),
+            ("pypi.org:443", "ports are not part"),
+            ("foo.*.com", "whole first label"),
+            ("*example.com", "whole first label"),
+            ("10.1.2.3/8", "did you mean \"10.0.0.0/8\""),
+            ("bücher.de", "xn--"),
+            ("a..b", "empty or over-long label"),
+            ("exa mple.com", "only letters"),
+            (" pypi.org", "without spaces"),
+            ("127.1", "numeric address"),
+            ("0x7f000001", "numeric address"),
+            ("10.0.0.0/33", "CIDR range"),
+        ] {
+            let err = Policy::from_entries(&[entry], Bounds::default()).unwrap_err();
+            assert!(err.contains(hint), "{entry}: {err}");
+            assert!(err.contains(&format!("{entry:?}")), "{entry}: {err}");
+        }
+        assert!(Policy::from_entries(&["xn--bcher-kva.de"], Bounds::default()).is_ok());
+    }
+
+    #[test]
+    fn request_hosts_in_numeric_disguise_are_not_names() {
+        for h in [
+            "127.1",
+            "2130706433",
+            "0x7f.1",
+            "0x7f000001",
+            "bücher.de",
+            "a b",
+        ] {
+            assert!(Host::parse(h).is_err(), "{h}");
+        }
+        assert_eq!(Host::parse("[::1]"), Ok(Host::Ip("::1".parse().unwrap())));
+        assert_eq!(
+            Host::parse("[::ffff:10.0.0.1]"),
+            Ok(Host::Ip("10.0.0.1".parse().unwrap()))
+        );
+        assert_eq!(Host::parse("PyPI.org."), Ok(Host::Name("pypi.org".into())));
+    }
+
+    #[derive(Debug, Deserialize)]
+    struct Env {
+        #[serde(default)]
+        network: NetworkSetting,
+    }
+
+    fn toml_env(text: &str) -> Result<NetworkSetting, String> {
+        toml::from_str::<Env>(text)
+            .map(|e| e.network)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_setting_reads_false_true_and_a_table() {
+        assert_eq!(toml_env("").unwrap(), NetworkSetting::Off);
+        assert_eq!(toml_env("network = false").unwrap(), NetworkSetting::Off);
+        assert_eq!(
+            toml_env("network = true").unwrap(),
+            NetworkSetting::Proxied(Policy::any_public())
+        );
+        let s = toml_env(
+            "network = { allow = [\"pypi.org\", \"*.pythonhosted.org\"], max_connections = 8, transfer_mb = 100 }",
+        )
+        .unwrap();
+        let p = s.policy().unwrap();
+        assert_eq!(p.summary(), "pypi.org, *.pythonhosted.org");
+        assert_eq!(p.bounds.max_connections, 8);
+        assert_eq!(p.bounds.max_transfer_bytes, 100 << 20);
+        let s = toml_env("[network]\nallow = [\"10.0.0.0/8\", \"*\"]").unwrap();
+        assert_eq!(s.policy().unwrap().summary(), "10.0.0.0/8, any public host");
+        // The same value in a JSON manifest.
+        let j: Env = serde_json::from_str(r#"{"network": {"allow": ["pypi.org"]}}"#).unwrap();
+        assert_eq!(j.network.policy().unwrap().summary(), "pypi.org");
+        let j: Env = serde_json::from_str(r#"{"network": true}"#).unwrap();
+        assert!(j.network.policy().is_some());
+    }
+
+    #[test]
+    fn setting_errors_are_specific() {
+        for (text, hint) in [
+            ("network = \"yes\"", "false, true, or a table"),
+            ("network = { allow = [] }", "allow is empty"),
+            ("network = { hosts = [\"a.b\"] }", "unknown field `hosts`"),
+            (
+                "network = { allow = [\"a.b\"], max_connections = 0 }",
+                "out of range",
+            ),
+            (
+                "network = { allow = [\"a.b\"], transfer_mb = 0 }",
+                "out of range",
+            ),
+            (
+                "network = { allow = [\"https://a.b\"] }",
+                "without a scheme",
+            ),
+        ] {
+            let err = toml_env(text).unwrap_err();
+            assert!(err.contains(hint), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_schema_accepts_both_forms() {
+        let schema = schemars::schema_for!(NetworkSetting);
+        let text = serde_json::to_string(&schema).unwrap();
+        assert!(text.contains("\"anyOf\""), "{text}");
+        assert!(text.contains("\"boolean\""), "{text}");
+        assert!(text.contains("\"allow\""), "{text}");
+        assert!(text.contains("transfer_mb"), "{text}");
+        assert!(text.contains("\"maximum\":1024"), "{text}");
+    }
+}
