@@ -43,7 +43,7 @@ if [ "$(id -u)" = 0 ]; then
   step "MCP client suite as a non-root user (load, hostile code, sessions)"
   user=nsm-tester
   id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
-  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest test_load.py test_hostile.py test_sessions.py"
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest test_load.py test_hostile.py test_sessions.py test_network.py"
 else
   step "non-root tier: this run already is one (uid $(id -u))"
 fi

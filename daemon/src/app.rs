@@ -144,6 +144,13 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
         .server
         .memory_budget_mb
         .map_or_else(crate::exec::default_budget_mib, |m| m.0);
+    let resolver = crate::network::Resolver::from_env().map_err(|message| {
+        StartError::Config(config::ConfigError::Env {
+            name: crate::network::TEST_RESOLVE_VAR,
+            value: std::env::var(crate::network::TEST_RESOLVE_VAR).unwrap_or_default(),
+            message,
+        })
+    })?;
     Ok(Executor::new(
         Arc::new(platform),
         enforcer,
@@ -153,6 +160,7 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
             prestart: if prestart { max_running } else { 0 },
             memory_budget_mib,
         },
+        crate::network::Proxy::new(resolver),
     ))
 }
 

@@ -124,6 +124,10 @@ impl AuditLog {
         v["limit"] = json!(o.limit.map(|l| l.as_str()));
         v["cpu_ms"] = json!(o.usage.cpu.map(|c| c.as_millis() as u64));
         v["peak_memory_bytes"] = json!(o.usage.peak_memory_bytes);
+        // Every host allowed and denied, with the bytes moved.
+        if let Some(n) = &o.network {
+            v["network"] = json!(n);
+        }
         v["stdout_bytes"] = json!(o.stdout.total_bytes);
         v["stderr_bytes"] = json!(o.stderr.total_bytes);
         if self.include_output {
@@ -173,6 +177,7 @@ mod tests {
             limit: None,
             limits_reached: vec![],
             usage: Default::default(),
+            network: None,
         }
     }
 

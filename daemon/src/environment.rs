@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::LimitSettings;
+use crate::network::NetworkSetting;
 
 #[derive(Debug, Clone)]
 pub struct Environment {
@@ -27,7 +28,8 @@ pub struct Environment {
     /// The limit layers below a config entry (built-in, `[defaults]`, manifest),
     /// from which `limits` was resolved.
     pub settings: LimitSettings,
-    pub network: bool,
+    /// No network, or the hosts it may reach through the daemon's proxy.
+    pub network: NetworkSetting,
     /// Syscalls let through although the default filter blocks them.
     pub seccomp_allow: Vec<String>,
     /// Executables the environment offers, for the agent's benefit.

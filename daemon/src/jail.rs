@@ -81,8 +81,9 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     let mut a = Args::default();
     let env = call.env;
 
-    // Namespaces and identity. Every namespace is new; network only when the
-    // environment opts in. Capabilities are dropped even when bwrap runs with
+    // Namespaces and identity. Every namespace is new, the network's too:
+    // an environment with network reaches it only through the daemon's
+    // proxy, which listens on the sandbox's own loopback. Capabilities are dropped even when bwrap runs with
     // privileges, and nested user namespaces are refused where bwrap can.
     a.flags(&[
         "--unshare-user",
@@ -90,10 +91,8 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         "--unshare-pid",
         "--unshare-uts",
         "--unshare-cgroup",
+        "--unshare-net",
     ]);
-    if !env.network {
-        a.flag("--unshare-net");
-    }
     a.pair("--uid", &SANDBOX_UID.to_string());
     a.pair("--gid", &SANDBOX_GID.to_string());
     a.pair("--hostname", HOSTNAME);
@@ -121,6 +120,11 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     }
     for (k, v) in call.inherited {
         a.triple("--setenv", k, v);
+    }
+    if env.network.policy().is_some() {
+        for (k, v) in crate::network::proxy_env(crate::network::PROXY_PORT) {
+            a.triple("--setenv", &k, &v);
+        }
     }
 
     // Root filesystem, read-only.
@@ -151,7 +155,7 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
             a.bind_ro(f, f);
         }
     }
-    if env.network {
+    if env.network.policy().is_some() {
         for f in &layout.etc_network {
             a.bind_ro(f, f);
         }
@@ -232,13 +236,14 @@ impl Args {
 mod tests {
     use super::*;
     use crate::environment::{Limits, Origin};
+    use crate::network::NetworkSetting;
 
     fn layout() -> HostLayout {
         HostLayout {
             system_dirs: vec!["/usr".into()],
             system_links: vec![("usr/bin".into(), "/bin".into())],
             etc_host: vec!["/etc/ld.so.cache".into()],
-            etc_network: vec!["/etc/resolv.conf".into()],
+            etc_network: vec!["/etc/ssl/certs".into()],
             etc_dir: "/run/nsm/etc".into(),
             disable_userns: true,
             add_seccomp_fd: true,
@@ -260,7 +265,7 @@ mod tests {
             vars: [("PYTHONUNBUFFERED".to_string(), "1".to_string())].into(),
             limits: Limits::resolve(Default::default()),
             settings: Default::default(),
-            network: false,
+            network: NetworkSetting::Off,
             seccomp_allow: vec![],
             tools: vec![],
             kind: None,
@@ -322,17 +327,24 @@ mod tests {
     }
 
     #[test]
-    fn network_only_when_opted_in() {
+    fn network_only_through_the_proxy_and_only_when_opted_in() {
         let mut e = env();
-        e.network = true;
+        e.network = NetworkSetting::Proxied(crate::network::Policy::any_public());
         let a = argv(&e, None, &[]);
-        assert!(!a.iter().any(|x| x == "--unshare-net"));
+        // Its own namespace all the same: the proxy is the only way out.
+        assert!(a.iter().any(|x| x == "--unshare-net"));
+        assert!(has(&a, &["--ro-bind", "/etc/ssl/certs", "/etc/ssl/certs"]));
         assert!(has(
             &a,
-            &["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+            &["--setenv", "HTTPS_PROXY", "http://127.0.0.1:3128"]
         ));
+        assert!(!a.iter().any(|x| x.contains("resolv.conf")));
         let a = argv(&env(), None, &[]);
-        assert!(!a.iter().any(|x| x == "/etc/resolv.conf"));
+        assert!(a.iter().any(|x| x == "--unshare-net"));
+        assert!(
+            !a.iter()
+                .any(|x| x == "/etc/ssl/certs" || x.contains("PROXY"))
+        );
     }
 
     #[test]

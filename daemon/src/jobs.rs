@@ -49,7 +49,7 @@ impl State {
 /// How a finished job ended.
 #[derive(Debug, Clone)]
 pub enum Ending {
-    Ran(Outcome),
+    Ran(Box<Outcome>),
     Failed(String),
 }
 
@@ -173,7 +173,7 @@ impl Job {
     /// Records how the run ended (called once, by the task that ran it).
     pub fn finish(&self, result: Result<Outcome, ExecError>) {
         let ending = match result {
-            Ok(o) => Ending::Ran(o),
+            Ok(o) => Ending::Ran(Box::new(o)),
             Err(e) => Ending::Failed(e.to_string()),
         };
         *self.ending.lock().unwrap() = Some((ending, Instant::now()));

@@ -140,11 +140,11 @@ const SYSTEM_TOP_DIRS: &[&str] = &[
 /// Host `/etc` entries every host-mode program needs: the loader cache, the
 /// alternatives links, the time zone. Bound, so they stay current.
 const ETC_HOST: &[&str] = &["/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"];
+/// Host `/etc` entries a sandbox with network needs: certificates for TLS
+/// through the proxy's tunnels (end to end), and the service and protocol
+/// tables. No resolver configuration: the proxy resolves names, and nothing
+/// inside should try DNS.
 const ETC_NETWORK: &[&str] = &[
-    "/etc/resolv.conf",
-    "/etc/nsswitch.conf",
-    "/etc/host.conf",
-    "/etc/gai.conf",
     "/etc/services",
     "/etc/protocols",
     // Certificates and the TLS configuration, never the private keys kept
@@ -331,6 +331,20 @@ mod tests {
             for e in entries.flatten() {
                 private_entries(&e.path(), found);
             }
+        }
+    }
+
+    #[test]
+    fn a_sandbox_with_network_gets_no_resolver_configuration() {
+        // The proxy resolves names; nothing inside should try DNS.
+        for f in &probe_layout().etc_network {
+            assert!(
+                !["resolv.conf", "nsswitch.conf", "host.conf", "gai.conf"]
+                    .iter()
+                    .any(|r| f.ends_with(r)),
+                "{}",
+                f.display()
+            );
         }
     }
 

@@ -446,7 +446,8 @@ async fn rlimit_fallback_still_bounds_memory_and_processes() {
         prestart: 0,
         memory_budget_mib: 4096,
     };
-    let executor = Executor::new(Arc::new(platform), enforcer, bounds);
+    let proxy = nix_sandbox_mcp::network::Proxy::new(nix_sandbox_mcp::network::Resolver::system());
+    let executor = Executor::new(Arc::new(platform), enforcer, bounds, proxy);
     let go = |env: &nix_sandbox_mcp::environment::Environment, code: &str| {
         let code = code.as_bytes().to_vec();
         let env = env.clone();

@@ -644,7 +644,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use nix_sandbox_mcp::network::{JAIL_NETWORK_FILES, PROXY_PORT, listen_in, proxy_env};
+use nix_sandbox_mcp::network::{PROXY_PORT, listen_in, proxy_env};
 use nix_sandbox_mcp::platform::Platform;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -722,11 +722,7 @@ async fn jail(platform: &Platform, own_network: bool, command: &[String]) -> Jai
     for f in &layout.etc_host {
         ro(&mut args, f, f);
     }
-    for f in JAIL_NETWORK_FILES
-        .iter()
-        .map(Path::new)
-        .filter(|f| f.exists())
-    {
+    for f in &layout.etc_network {
         ro(&mut args, f, f);
     }
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();

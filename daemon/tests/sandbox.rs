@@ -4,6 +4,8 @@
 
 mod common;
 
+use nix_sandbox_mcp::network::{NetworkSetting, Policy};
+
 use std::io::Read;
 use std::net::{IpAddr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
@@ -270,11 +272,37 @@ async fn network_is_unreachable_including_host_loopback() {
         "the host saw traffic"
     );
 
-    // The control: the same probe with the network on reaches every listener,
-    // so the probe can tell an open network from a closed one.
+    // An environment with network has no route out either: only the
+    // daemon's proxy, which it reaches on its own loopback.
+    let proxied = HostListeners::new();
+    let o = run(
+        &env_with("python", |e| {
+            e.network = NetworkSetting::Proxied(Policy::any_public());
+        }),
+        &proxied.probe(),
+    )
+    .await;
+    assert!(o.succeeded(), "{o:?}");
+    assert!(
+        o.stdout
+            .text
+            .lines()
+            .filter(|l| l.starts_with("tcp "))
+            .all(|l| l.contains(" failed ")),
+        "{o:?}"
+    );
+    assert_eq!(proxied.reached(), Vec::<String>::new());
+
+    // The control: the same probe run on the host itself reaches every
+    // listener, so the probe can tell an open network from a closed one.
     let open = HostListeners::new();
-    let o = run(&env_with("python", |e| e.network = true), &open.probe()).await;
-    assert!(o.succeeded() && !o.stdout.text.contains("failed"), "{o:?}");
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(open.probe())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && !text.contains("failed"), "{text}");
     let mut expected: Vec<String> = open
         .targets
         .iter()

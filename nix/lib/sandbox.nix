@@ -126,7 +126,7 @@ let
         }
         // links;
         limits = schema.checkLimits "${where}: limits" limits;
-        network = if builtins.isBool network then network else fail "${where}: network" "expected true or false, got ${show network}";
+        network = schema.checkNetwork "${where}: network" network;
       };
 
       # A file holding every store path the manifest names (the tools, the

@@ -56,7 +56,20 @@ let
     && (!(s ? enum) || builtins.elem v s.enum)
     && (!(s ? not) || !(valid s.not v))
     && (!(s ? minItems) || !(builtins.isList v) || builtins.length v >= s.minItems)
-    && (!(s ? items) || !(builtins.isList v) || builtins.all (valid s.items) v);
+    && (!(s ? items) || !(builtins.isList v) || builtins.all (valid s.items) v)
+    && (!(builtins.isAttrs v) || validTable s v);
+
+  # Whether the table `v` has only `s`'s keys, each valid, and all required.
+  validTable =
+    s: v:
+    builtins.all (
+      name:
+      if s.properties or { } ? ${name} then
+        valid s.properties.${name} v.${name}
+      else
+        (s.additionalProperties or true) != false
+    ) (builtins.attrNames v)
+    && builtins.all (name: v ? ${name}) (s.required or [ ]);
 
   # The rule of a leaf schema in words, for error messages.
   describe =
@@ -219,6 +232,9 @@ in
       ];
     in
     builtins.filter (n: !(builtins.elem n tableNames)) (util.unique (names json));
+
+  # Checks a mkSandbox `network` argument: false, true, or { allow = [...]; }.
+  checkNetwork = key: value: checkValue key environmentSchema.properties.network value;
 
   # Checks a mkSandbox `limits` argument, which uses the `[defaults]` keys.
   checkLimits = key: value: checkTable "key" key tables.defaults value;

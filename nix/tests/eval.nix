@@ -170,9 +170,9 @@ let
       expr = (mkSandbox { name = "x"; interpreter = "bash"; limits.output_bytes = 10; }).manifestTemplate;
       throws = "mkSandbox x: limits.output_bytes: expected an integer between 256 and 16777216, got 10";
     };
-    "mkSandbox refuses a network that is not a bool" = {
+    "mkSandbox refuses a network that is neither a switch nor an allowlist" = {
       expr = (mkSandbox { name = "x"; interpreter = "bash"; network = "yes"; }).manifestTemplate;
-      throws = "mkSandbox x: network: expected true or false";
+      throws = "mkSandbox x: network: expected false, true, or a table such as { allow";
     };
 
     # Configuration
@@ -233,6 +233,10 @@ let
     "a mount point with .. is refused" = {
       expr = lib'.planServer { project.mount_point = "/srv/../etc"; };
       throws = "project.mount_point: expected an absolute path";
+    };
+    "a network allowlist with a URL in it is refused, as the daemon refuses it" = {
+      expr = lib'.planServer { environments.py = { preset = "python"; network.allow = [ "https://pypi.org" ]; }; };
+      throws = "environments.py.network: expected false, true, or a table";
     };
     "a CPU quota of no cores is refused" = {
       expr = lib'.planServer { defaults.cpus = 0; };

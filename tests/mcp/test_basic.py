@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import subprocess
+import sys
 import time
 import uuid
 
@@ -178,26 +180,30 @@ def test_project_is_readable_and_not_writable():
 
 
 def test_network_is_unreachable():
-    """A probe that reaches listeners on every address of this machine when the
-    network is on (the control: it can tell open from closed) reaches none
-    from an environment without network."""
+    """A probe that reaches listeners on every address of this machine when
+    run on the host itself (the control: it can tell open from closed)
+    reaches none from a sandbox, whether its environment has no network or
+    network through the proxy (which is the only way out)."""
     config = write_config('[environments.python]\npreset = "python"\n[environments.netpython]\npreset = "python"\nnetwork = true\n')
-    closed, opened = HostListeners(), HostListeners()
+    closed, proxied, opened = HostListeners(), HostListeners(), HostListeners()
 
     async def t():
         async with session(config=config) as s:
-            sc, _, err = await call(s, "python", closed.python_probe())
-            tcp = [l for l in sc["stdout"].splitlines() if l.startswith("tcp ")]
-            assert not err and len(tcp) == len(closed.targets), dump(sc)
-            assert all(" failed " in l for l in tcp), dump(sc)
-            sc, _, err = await call(s, "netpython", opened.python_probe())
-            assert not err and "failed" not in sc["stdout"], dump(sc)
+            for env, listeners in (("python", closed), ("netpython", proxied)):
+                sc, _, err = await call(s, env, listeners.python_probe())
+                tcp = [l for l in sc["stdout"].splitlines() if l.startswith("tcp ")]
+                assert not err and len(tcp) == len(listeners.targets), dump(sc)
+                assert all(" failed " in l for l in tcp), dump(sc)
     try:
         run_async(t)
         assert closed.reached() == [], "the host saw traffic from a sandbox without network"
+        assert proxied.reached() == [], "the host saw traffic that went around the proxy"
+        host = subprocess.run([sys.executable, "-c", opened.python_probe()], capture_output=True, text=True, timeout=60)
+        assert "failed" not in host.stdout, host.stdout
         assert opened.reached() == opened.expected()
     finally:
         closed.close()
+        proxied.close()
         opened.close()
 
 

@@ -17,7 +17,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
                 let l = &e.limits;
                 serde_json::json!({
                     "name": e.name, "description": e.description, "source": e.origin.to_string(),
-                    "interpreter": e.interpreter, "network": e.network, "tools": e.tools,
+                    "interpreter": e.interpreter, "network": e.network.policy().map(|p| p.summary()), "tools": e.tools,
                     "limits": {
                         "timeout_ms": l.timeout.as_millis() as u64, "memory_mb": l.memory_bytes >> 20, "pids": l.pids,
                         "cpu_seconds": l.cpu_seconds, "file_size_mb": l.file_size_bytes >> 20, "open_files": l.open_files,
@@ -59,7 +59,10 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             let _ = writeln!(
                 text,
                 "    network:     {}",
-                if e.network { "on" } else { "off" }
+                e.network.policy().map_or("off".to_string(), |p| format!(
+                    "through the proxy to {}",
+                    p.summary()
+                ))
             );
         }
         for (alias, target) in app.registry.aliases() {

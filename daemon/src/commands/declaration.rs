@@ -5,7 +5,6 @@
 //! unusable (a parameter never used, a shell as the program) are warnings.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Duration;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
@@ -17,6 +16,7 @@ use super::params::{self, Param};
 pub use super::project_file::{Diagnostic, Source, parse_project_file, read_project_file};
 use crate::config::{Millis, OutputBytes, RESERVED_VARS};
 use crate::jail::ProjectMount;
+use crate::network::NetworkSetting;
 
 /// The project's own declaration file, relative to the project root.
 pub const PROJECT_FILE: &str = ".nix-sandbox-mcp/commands.toml";
@@ -59,7 +59,7 @@ pub struct CommandDecl {
     pub separator: bool,
     /// Network access: false (default), true, or { allow = ["host", ...] }.
     #[serde(default)]
-    pub network: Network,
+    pub network: NetworkSetting,
     /// The parameters the agent fills in, by name.
     #[serde(default)]
     pub params: BTreeMap<String, ParamDecl>,
@@ -137,81 +137,6 @@ impl Danger {
             Danger::Moderate => "moderate",
             Danger::High => "high",
         }
-    }
-}
-
-/// A command's network access. An allowlist is accepted as written and
-/// enforced by the network proxy; until a build has one, such a command is
-/// refused when called rather than given the whole network.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Network {
-    #[default]
-    Off,
-    On,
-    Allow(Vec<String>),
-}
-
-impl Network {
-    pub fn is_on(&self) -> bool {
-        !matches!(self, Network::Off)
-    }
-}
-
-const NETWORK_RULE: &str = "false, true, or a table { allow = [\"host\", ...] }";
-
-impl<'de> Deserialize<'de> for Network {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> de::Visitor<'de> for V {
-            type Value = Network;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(NETWORK_RULE)
-            }
-            fn visit_bool<E: de::Error>(self, on: bool) -> Result<Network, E> {
-                Ok(if on { Network::On } else { Network::Off })
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Network, A::Error> {
-                let mut allow = None;
-                while let Some(key) = map.next_key::<String>()? {
-                    if key != "allow" {
-                        return Err(de::Error::unknown_field(&key, &["allow"]));
-                    }
-                    allow = Some(map.next_value::<Vec<String>>()?);
-                }
-                let allow = allow.ok_or_else(|| de::Error::missing_field("allow"))?;
-                if let Some(bad) = allow
-                    .iter()
-                    .find(|h| h.is_empty() || h.chars().any(|c| c.is_whitespace() || c == '\0'))
-                {
-                    return Err(de::Error::custom(format!(
-                        "{bad:?} is not a host name (expected {NETWORK_RULE})"
-                    )));
-                }
-                Ok(Network::Allow(allow))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl JsonSchema for Network {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "CommandNetwork".into()
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "description": NETWORK_RULE,
-            "x-expected": NETWORK_RULE,
-            "anyOf": [
-                {"type": "boolean"},
-                {
-                    "type": "object",
-                    "properties": {"allow": {"type": "array", "items": {"type": "string", "pattern": "^[^\\s]+$"}}},
-                    "required": ["allow"],
-                    "additionalProperties": false
-                }
-            ]
-        })
     }
 }
 

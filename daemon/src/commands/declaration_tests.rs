@@ -50,7 +50,7 @@ fn a_good_declaration_is_accepted_without_warnings() {
     assert_eq!(c.command.name, "test");
     assert_eq!(c.command.danger, Danger::Moderate);
     assert!(c.command.enabled);
-    assert_eq!(c.command.network, Network::Off);
+    assert_eq!(c.command.network, NetworkSetting::Off);
 }
 
 #[test]
@@ -162,11 +162,16 @@ fn loader_and_path_variables_cannot_be_set() {
 fn network_accepts_false_true_and_an_allowlist() {
     let with =
         |n: &str| check(&GOOD.replace("env = \"bash\"", &format!("env = \"bash\"\nnetwork = {n}")));
-    assert_eq!(with("true").unwrap().command.network, Network::On);
-    assert_eq!(with("false").unwrap().command.network, Network::Off);
+    assert_eq!(
+        with("true").unwrap().command.network,
+        NetworkSetting::Proxied(crate::network::Policy::any_public())
+    );
+    assert_eq!(with("false").unwrap().command.network, NetworkSetting::Off);
     assert_eq!(
         with("{ allow = [\"crates.io\"] }").unwrap().command.network,
-        Network::Allow(vec!["crates.io".into()])
+        NetworkSetting::Proxied(
+            crate::network::Policy::from_entries(&["crates.io"], Default::default()).unwrap()
+        )
     );
     assert!(with("{ deny = [] }").is_err());
     assert!(with("\"yes\"").is_err());

@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::Command;
-use super::declaration::Network;
 use super::params::ValueError;
 use crate::jail::{ProjectMount, WORKSPACE};
+use crate::network::NetworkSetting;
 
 /// Largest total argv, in bytes (far below the kernel's limit).
 const MAX_ARGV_BYTES: usize = 128 * 1024;
@@ -171,18 +171,15 @@ pub struct ResolvedInvocation {
     /// Overrides of the environment's limits.
     pub timeout: Option<Duration>,
     pub output_bytes: Option<usize>,
-    pub network: Network,
+    pub network: NetworkSetting,
 }
 
 impl ResolvedInvocation {
     /// SHA-256 of a canonical encoding of every field: two invocations have
     /// the same digest only when they would run the same thing.
     pub fn digest(&self) -> [u8; 32] {
-        let network = match &self.network {
-            Network::Off => json!(false),
-            Network::On => json!(true),
-            Network::Allow(hosts) => json!({"allow": hosts}),
-        };
+        // The policy's every rule and bound, as written.
+        let network = format!("{:?}", self.network);
         let canonical = json!([
             "nix-sandbox-mcp command invocation v1",
             self.command,
@@ -406,7 +403,7 @@ mod tests {
             vars: vec![],
             timeout: None,
             output_bytes: None,
-            network: Network::Off,
+            network: NetworkSetting::Off,
         }
     }
 
@@ -443,7 +440,7 @@ mod tests {
                 ..base.clone()
             },
             ResolvedInvocation {
-                network: Network::On,
+                network: NetworkSetting::Proxied(crate::network::Policy::any_public()),
                 ..base.clone()
             },
         ] {

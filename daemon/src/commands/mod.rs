@@ -25,7 +25,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::jail::ProjectMount;
-use declaration::{Context, Danger, Diagnostic, Network, Source};
+use crate::network::NetworkSetting;
+use declaration::{Context, Danger, Diagnostic, Source};
 use invocation::Template;
 use params::Param;
 
@@ -59,7 +60,7 @@ pub struct Command {
     pub confirm: bool,
     /// Offered as a tool: not disabled, and everything it needs is there.
     pub enabled: bool,
-    pub network: Network,
+    pub network: NetworkSetting,
     /// Where it was declared.
     pub file: PathBuf,
 }

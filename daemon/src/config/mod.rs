@@ -147,8 +147,9 @@ pub struct EnvironmentSettings {
     pub description: Option<String>,
     /// Name of the code file inside `/workspace` (the extension matters to some interpreters).
     pub file_name: Option<FileName>,
-    #[serde(default)]
-    pub network: bool,
+    /// `false`, `true` (any public host, through the proxy), or
+    /// `{ allow = [...] }`; unset keeps the preset's or artifact's.
+    pub network: Option<crate::network::NetworkSetting>,
     /// Syscalls this environment may use although the default filter blocks them.
     #[serde(default)]
     pub seccomp_allow: Vec<String>,

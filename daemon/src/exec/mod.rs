@@ -52,6 +52,7 @@ pub use supervise::{End, Protocol, RunOnce, Supervised, Watch, supervise};
 use crate::environment::Environment;
 use crate::jail::ProjectMount;
 use crate::limits::{Enforcer, Usage};
+use crate::network::Proxy;
 use crate::platform::Platform;
 use admission::{Admission, Budget, Reservation};
 use prestart::Pool;
@@ -165,13 +166,20 @@ struct Inner {
     admission: Admission,
     budget: Budget,
     pool: Arc<Pool>,
+    /// Serves every sandbox that has network.
+    proxy: Proxy,
 }
 
 impl Executor {
     /// `prestart` sandboxes are kept ready per environment registered with
     /// [`Executor::keep_ready_for`] (0 for one-shot use such as the CLI).
     /// Keeping them needs a tokio runtime.
-    pub fn new(platform: Arc<Platform>, enforcer: Enforcer, bounds: Bounds) -> Executor {
+    pub fn new(
+        platform: Arc<Platform>,
+        enforcer: Enforcer,
+        bounds: Bounds,
+        proxy: Proxy,
+    ) -> Executor {
         let executor = Executor {
             inner: Arc::new(Inner {
                 platform,
@@ -180,6 +188,7 @@ impl Executor {
                 admission: Admission::new(bounds.max_running, bounds.max_waiting),
                 budget: Budget::new(bounds.memory_budget_mib),
                 pool: Arc::new(Pool::new(bounds.prestart)),
+                proxy,
             }),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -303,8 +312,9 @@ impl Executor {
             self.inner.pool.refill(&recipe);
         }
         let prepared = with_code(prepared, req.code).await?;
+        let network = recipe.network.as_ref().map(|p| (&self.inner.proxy, p));
         let mut sandbox = prepared
-            .start(None)
+            .start(None, network)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
         if let Some(o) = &req.observer {
             o.started();
@@ -321,6 +331,7 @@ impl Executor {
         .await;
         let duration = start.elapsed();
         let counted = sandbox.call_usage();
+        let network = sandbox.network_report();
         // Without a cgroup that counts, the kernel's own account, which the
         // sandbox's init holds (bubblewrap does not wait for it).
         let init_usage = match counted.cpu {
@@ -367,6 +378,7 @@ impl Executor {
             limit: None,
             limits_reached: Vec::new(),
             usage,
+            network,
         };
         attribute_limits(&mut outcome, ours, fired);
         Ok(outcome)
@@ -415,8 +427,9 @@ impl Executor {
                 .map_err(|e| io("session pipes", e))?,
             partial: Vec::new(),
         };
+        let network = recipe.network.as_ref().map(|p| (&self.inner.proxy, p));
         prepared
-            .start(Some(control))
+            .start(Some(control), network)
             .map_err(|e| io("session start", e))
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::capture::Captured;
 use crate::limits::{Fired, Usage};
+use crate::network::NetworkReport;
 
 /// A limit that ended (or was reached during) a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -51,6 +52,8 @@ pub struct Outcome {
     pub limits_reached: Vec<LimitKind>,
     /// CPU time and peak memory, as far as they were counted.
     pub usage: Usage,
+    /// What the sandbox did through the proxy, when it had network.
+    pub network: Option<NetworkReport>,
 }
 
 impl Outcome {
@@ -120,6 +123,7 @@ mod tests {
             limit: None,
             limits_reached: vec![],
             usage: Usage::default(),
+            network: None,
         }
     }
 

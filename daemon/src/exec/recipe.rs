@@ -43,6 +43,8 @@ pub(super) struct Recipe {
     pub(super) code_path: String,
     /// Where the command starts, when not in the workspace.
     pub(super) workdir: Option<String>,
+    /// What the sandbox may reach through the proxy, when it has network.
+    pub(super) network: Option<Arc<crate::network::Policy>>,
 }
 
 /// Compiled seccomp programs, once per distinct allow-list.
@@ -120,6 +122,7 @@ impl Recipe {
             programs,
             code_path: i.code_path,
             workdir: i.workdir,
+            network: i.env.network.policy().cloned().map(Arc::new),
         })
     }
 }

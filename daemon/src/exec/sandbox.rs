@@ -6,6 +6,7 @@
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::unix::pipe;
@@ -14,6 +15,7 @@ use super::admission::Reservation;
 use super::spawn::{Exit, Process, Watched};
 use super::status::Status;
 use crate::limits::{Fired, Lease, Usage};
+use crate::network::{NetworkReport, Policy, Proxy, RunRecord, Serving};
 
 /// How long a killed sandbox's init may take to tear its namespace down
 /// before bubblewrap itself is killed.
@@ -38,6 +40,9 @@ pub(super) struct Prepared {
     pub(super) stderr: OwnedFd,
     /// Its share of the server's memory budget, held for its whole life.
     pub(super) reservation: Option<Reservation>,
+    /// For a sandbox with network: the proxy's listener, on the sandbox's
+    /// own loopback (its network namespace), not yet served.
+    pub(super) proxy_listener: Option<std::net::TcpListener>,
 }
 
 impl Prepared {
@@ -57,8 +62,21 @@ impl Prepared {
         kill_tree(&mut self.process, self.init.as_ref(), &self.lease).await;
     }
 
-    /// Starts the command. Needs the tokio runtime (the pipes join its reactor).
-    pub(super) fn start(self, control: Option<Control>) -> std::io::Result<Sandbox> {
+    /// Starts the command, the proxy first when the sandbox has network.
+    /// Needs the tokio runtime (the pipes join its reactor).
+    pub(super) fn start(
+        self,
+        control: Option<Control>,
+        network: Option<(&Proxy, &Arc<Policy>)>,
+    ) -> std::io::Result<Sandbox> {
+        let network = match (self.proxy_listener, network) {
+            (Some(listener), Some((proxy, policy))) => {
+                let record = RunRecord::new();
+                let serving = proxy.serve(listener, policy.clone(), record.clone())?;
+                Some((serving, record))
+            }
+            _ => None,
+        };
         let channel = |fd: OwnedFd| -> std::io::Result<Channel> {
             Ok(Channel {
                 pipe: pipe::Receiver::from_owned_fd(fd)?,
@@ -71,6 +89,7 @@ impl Prepared {
             process: self.process,
             init: self.init,
             lease: self.lease,
+            network,
             _reservation: self.reservation,
             paused: None,
             call_cpu_start: None,
@@ -108,6 +127,8 @@ pub struct Sandbox {
     pub(super) process: Process,
     pub(super) init: Option<Watched>,
     pub(super) lease: Lease,
+    /// The proxy serving a sandbox with network, and what it recorded.
+    network: Option<(Serving, RunRecord)>,
     _reservation: Option<Reservation>,
     /// How the sandbox was paused, if it is.
     paused: Option<Pause>,
@@ -211,6 +232,12 @@ impl Sandbox {
             Some(init) if self.process.has_exited() => init.reap_with_usage(INIT_REAP_WAIT).await,
             _ => None,
         }
+    }
+
+    /// What the proxy saw since the last call of this (a session's record
+    /// starts afresh each call); `None` without network.
+    pub fn network_report(&self) -> Option<NetworkReport> {
+        self.network.as_ref().map(|(_, record)| record.take())
     }
 
     /// Ends the sandbox's hold on its cgroup once it has ended: the limits

@@ -158,9 +158,17 @@ impl Spawned {
             .wait_for_init(INIT_LIMIT)
             .and_then(|pid| watch_child_of(pid, &mut self.process).map(|w| (pid, w)));
         // No init: bubblewrap failed to set the sandbox up, which the run reports.
+        let mut listener = None;
         let init = match init {
             Some((pid, watched)) => {
                 limit_init(pid, &recipe.init_rlimits, run_as)?;
+                if recipe.env.network.policy().is_some() {
+                    listener = Some(crate::network::listen_in(
+                        pid,
+                        run_as,
+                        crate::network::PROXY_PORT,
+                    )?);
+                }
                 Some(watched)
             }
             None => None,
@@ -175,6 +183,7 @@ impl Spawned {
             stdout: self.stdout,
             stderr: self.stderr,
             reservation: None,
+            proxy_listener: listener,
         })
     }
 }

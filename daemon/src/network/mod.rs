@@ -14,8 +14,9 @@
 //! The jail's side, for the code that builds its argv: proxied sandboxes
 //! need `--unshare-net` (the listener refuses a sandbox that shares the
 //! daemon's namespace), the variables of [`proxy_env`], and of the host's
-//! network files only [`JAIL_NETWORK_FILES`]: no resolver configuration, so
-//! that nothing inside tries DNS.
+//! network files only certificates and the service tables (the platform's
+//! `etc_network`): no resolver configuration, so that nothing inside tries
+//! DNS.
 
 mod address;
 pub mod entry;
@@ -35,18 +36,6 @@ pub use resolve::{Resolver, TEST_RESOLVE_VAR};
 /// has its own network namespace, so one fixed port serves them all; 3128 is
 /// the port HTTP proxies traditionally use.
 pub const PROXY_PORT: u16 = 3128;
-
-/// Host files a proxied sandbox still needs: certificates for TLS through
-/// CONNECT (the tunnel is end to end) and the service and protocol tables.
-/// Left out on purpose: `resolv.conf`, `nsswitch.conf`, `host.conf` and
-/// `gai.conf`; names are resolved by the proxy, never inside the sandbox.
-pub const JAIL_NETWORK_FILES: &[&str] = &[
-    "/etc/ssl",
-    "/etc/ca-certificates",
-    "/etc/pki",
-    "/etc/services",
-    "/etc/protocols",
-];
 
 /// Variables that point the sandbox's tools at the proxy. Both spellings,
 /// since tools disagree on which they read (curl ignores upper-case
@@ -92,17 +81,5 @@ mod tests {
         }
         assert_eq!(get("NO_PROXY"), "localhost,127.0.0.1,::1");
         assert_eq!(get("no_proxy"), get("NO_PROXY"));
-    }
-
-    #[test]
-    fn no_resolver_configuration_in_a_proxied_jail() {
-        for f in JAIL_NETWORK_FILES {
-            assert!(
-                !["resolv.conf", "nsswitch.conf", "host.conf", "gai.conf"]
-                    .iter()
-                    .any(|r| f.ends_with(r)),
-                "{f}"
-            );
-        }
     }
 }

@@ -437,6 +437,11 @@ fn normalise_name(name: &str) -> Result<String, String> {
     Ok(name)
 }
 
+/// The shape of an allowlist entry, for the schema (the Nix side checks
+/// with it; the daemon parses each entry fully): a name, a `*.` suffix, `*`,
+/// or an address or range, without scheme, port or path.
+const ALLOW_ENTRY_PATTERN: &str = "^([*]|([*][.])?[A-Za-z0-9_-]+([.][A-Za-z0-9_-]+)*[.]?|[0-9.]+(/[0-9]+)?|[0-9A-Fa-f:.]+(/[0-9]+)?)$";
+
 /// Only the listed hosts, through the daemon's proxy (the table form).
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -447,7 +452,7 @@ struct AllowTable {
     /// ("10.1.2.0/24"), or "*" for any public host. Loopback, private,
     /// link-local and metadata addresses stay refused unless a listed range
     /// contains them.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1), inner(regex(pattern = ALLOW_ENTRY_PATTERN)))]
     allow: Vec<String>,
     /// Connections a run may have open through the proxy at once (default 32).
     #[schemars(range(min = 1, max = 1024))]

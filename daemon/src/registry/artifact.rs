@@ -33,7 +33,7 @@ pub struct Manifest {
     #[serde(default)]
     pub limits: LimitSettings,
     #[serde(default)]
-    pub network: bool,
+    pub network: crate::network::NetworkSetting,
     #[serde(default)]
     pub tools: Vec<String>,
 }

@@ -259,8 +259,8 @@ fn apply_entry(env: &mut Environment, entry: &EnvironmentSettings) {
     if let Some(f) = &entry.file_name {
         env.file_name = f.0.clone();
     }
-    if entry.network {
-        env.network = true;
+    if let Some(network) = &entry.network {
+        env.network = network.clone();
     }
     env.seccomp_allow = entry.seccomp_allow.clone();
     // Layers: built-in, `[defaults]`, artifact manifest (all in `settings`), entry.

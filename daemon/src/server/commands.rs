@@ -16,7 +16,6 @@ use super::result::{self, ErrorCode, ToolError};
 use super::{Progress, SandboxServer, either_cancelled, exec_error, progress, tool};
 use crate::audit::CommandEntry;
 use crate::commands::confirm::{self, Answer, Redeemed};
-use crate::commands::declaration::Network;
 use crate::commands::invocation::{self, InvalidArguments};
 use crate::commands::{Offered, ResolvedInvocation};
 use crate::exec::{Argv, ExecError, Outcome, Request};
@@ -257,22 +256,7 @@ impl SandboxServer {
         if let Some(b) = inv.output_bytes {
             env.limits.output_bytes = b;
         }
-        env.network = match &inv.network {
-            Network::Off => false,
-            Network::On => true,
-            Network::Allow(_) => {
-                let e = ToolError::new(
-                    ErrorCode::SandboxUnavailable,
-                    format!(
-                        "{} declares a network allowlist, and this server has no proxy to enforce one; it is not given the whole network instead",
-                        inv.command
-                    ),
-                    "Tell the user: declare network = true or false for this command.",
-                );
-                self.audit_command("run", inv, None, None, Some(e.code.as_str()));
-                return result::error_result(&e);
-            }
-        };
+        env.network = inv.network.clone();
         env.vars.extend(inv.vars.iter().cloned());
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
         let live = Arc::new(progress::Live::default());
@@ -355,7 +339,9 @@ fn question(offered: &Offered, inv: &ResolvedInvocation) -> String {
         inv.workdir,
         inv.env,
         c.danger.as_str(),
-        if c.network.is_on() { "on" } else { "off" }
+        c.network
+            .policy()
+            .map_or("off".to_string(), |p| p.summary())
     )
 }
 

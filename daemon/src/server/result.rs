@@ -118,6 +118,8 @@ pub fn output_schema() -> Map<String, Value> {
             "stderr": t("string"),
             "duration_ms": t("integer"),
             "cpu_ms": t("integer"),
+            "network_denied": {"type": "array", "items": t("string")},
+            "network": t("object"),
             "peak_memory_bytes": t("integer"),
             "timed_out": t("boolean"),
             "limit": t("string"),
@@ -322,6 +324,7 @@ pub fn run_result(
         v["limit"] = json!(limit.as_str());
     }
     add_usage(&mut v, o);
+    add_network(&mut v, o);
     if let Some(e) = &err {
         v["error"] = e.to_json();
     }
@@ -330,6 +333,42 @@ pub fn run_result(
     }
     let text = run_text(env, o, err.as_ref(), session);
     tool_result(v, text, err.is_some())
+}
+
+/// What went through the proxy: the hosts refused (for the agent to ask the
+/// user about), and the whole record when there was any traffic.
+fn add_network(v: &mut Value, o: &Outcome) {
+    let Some(report) = &o.network else {
+        return;
+    };
+    let denied = report.denied_hosts();
+    if !denied.is_empty() {
+        v["network_denied"] = json!(denied);
+    }
+    if !report.is_empty() {
+        v["network"] = json!(report);
+    }
+}
+
+/// "network: refused pypi.org (not on the allowlist), …", with what to allow.
+fn network_text(o: &Outcome) -> String {
+    let Some(report) = &o.network else {
+        return String::new();
+    };
+    if report.denied.is_empty() {
+        return String::new();
+    }
+    let refused: Vec<String> = report
+        .denied
+        .iter()
+        .map(|d| format!("{}:{} ({})", d.host, d.port, d.reason))
+        .collect();
+    let names = report.denied_hosts();
+    format!(
+        "network: refused {}\nto allow them, the user adds {} to the environment's network allowlist\n",
+        refused.join("; "),
+        names.join(", ")
+    )
 }
 
 /// CPU time and peak memory, where they were counted.
@@ -400,6 +439,7 @@ fn run_text(
     if o.stdout.total_bytes == 0 && o.stderr.total_bytes == 0 {
         t.push_str("(no output)\n");
     }
+    t.push_str(&network_text(o));
     if let Some(why) = session.and_then(|s| s.reset) {
         t.push_str(&format!("session: {why}\n"));
     }
@@ -500,6 +540,7 @@ pub fn job_status(job: &Job, stdout: &Chunk, stderr: &Chunk) -> CallToolResult {
                     v["limit"] = json!(l.as_str());
                 }
                 add_usage(&mut v, &o);
+                add_network(&mut v, &o);
                 err = run_error(&o, &job.limits);
             }
             Some(Ending::Failed(message)) => {
@@ -599,6 +640,7 @@ mod tests {
             limit,
             limits_reached: limit.into_iter().collect(),
             usage: Default::default(),
+            network: None,
         }
     }
 

@@ -37,7 +37,7 @@ pub fn run_tool(
         input["properties"]["session"] =
             json!({"type": "string", "description": "Keep state across calls under this name"});
     }
-    let any_network = envs.iter().any(|e| e.network);
+    let any_network = envs.iter().any(|e| e.network.policy().is_some());
     Tool::new(
         RUN,
         description(envs, project, output_bytes),
@@ -74,8 +74,8 @@ fn description(
         if common_timeout.is_none() {
             notes.push(format!("limit {}", timeout(e)));
         }
-        if e.network {
-            notes.push("network".to_string());
+        if let Some(p) = e.network.policy() {
+            notes.push(format!("network: {}", p.summary()));
         }
         let notes = if notes.is_empty() {
             String::new()
@@ -87,7 +87,7 @@ fn description(
     if let Some(t) = &common_timeout {
         d.push_str(&format!("Time limit {t}. "));
     }
-    if !envs.iter().all(|e| e.network) {
+    if !envs.iter().all(|e| e.network.policy().is_some()) {
         d.push_str("No network unless marked. ");
     }
     match project {
@@ -163,7 +163,7 @@ pub fn command_tool(offered: &Offered) -> Tool {
         Arc::new(params::input_schema(&c.params)),
     )
     .with_raw_output_schema(Arc::new(super::result::command_output_schema()))
-    .with_annotations(hints.open_world(c.network.is_on()))
+    .with_annotations(hints.open_world(c.network.policy().is_some()))
 }
 
 /// The `confirm` tool, for clients that cannot ask their user themselves.
@@ -180,7 +180,7 @@ pub fn confirm_tool(catalog: &Catalog) -> Tool {
     let open_world = catalog
         .offered
         .iter()
-        .any(|o| o.command.confirm && o.command.network.is_on());
+        .any(|o| o.command.confirm && o.command.network.policy().is_some());
     Tool::new(
         CONFIRM,
         "Run a command that returned confirmation_required, once the user agreed: pass back its confirmation's token, command and arguments.",

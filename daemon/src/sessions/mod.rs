@@ -387,6 +387,7 @@ async fn run_call(
     .await;
     let fired = sandbox.fired();
     let usage = sandbox.call_usage();
+    let network = sandbox.network_report();
     if !watched.end.sandbox_ended() {
         // Nothing the code left running may use the CPU until the next call.
         sandbox.pause();
@@ -413,6 +414,7 @@ async fn run_call(
         limit: None,
         limits_reached: Vec::new(),
         usage,
+        network,
     };
     attribute_limits(&mut outcome, ours, fired);
     let killed = |cause: String| {

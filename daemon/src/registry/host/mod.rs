@@ -235,7 +235,7 @@ pub fn host_environment(
         vars: BTreeMap::new(),
         limits: Limits::resolve(settings),
         settings,
-        network: false,
+        network: Default::default(),
         seccomp_allow: Vec::new(),
         tools: Vec::new(),
         kind,
