@@ -1,7 +1,8 @@
 //! cgroup v1: per-sandbox leaf groups in the memory and pids hierarchies,
 //! and, where the host mounts them, cpu (a CPU quota), cpuacct (the CPU a
-//! run used) and freezer (pausing a session between calls), each with a
-//! container of ours. Memory (and memory plus swap, where the kernel
+//! run used), each with a container of ours. The v1 freezer is not used:
+//! a frozen v1 task does not die of SIGKILL, so a session paused there
+//! would outlive a daemon killed outright; sessions pause by SIGSTOP. Memory (and memory plus swap, where the kernel
 //! accounts it) and pids limits, the OOM and pids counters, and the memory
 //! high-water mark, which is reset when a group is reused.
 
@@ -21,7 +22,6 @@ pub(super) struct CgroupV1 {
     /// (then both are the same directory).
     pub(super) cpu: Option<PathBuf>,
     pub(super) cpuacct: Option<PathBuf>,
-    pub(super) freezer: Option<PathBuf>,
 }
 
 const CPU_PERIOD_US: u64 = 100_000;
@@ -48,10 +48,8 @@ impl Hierarchy for CgroupV1 {
             self.memory.display(),
             self.pids.display()
         );
-        for (name, dir) in [("cpu", &self.cpu), ("freezer", &self.freezer)] {
-            if let Some(d) = dir {
-                s.push_str(&format!(", {name} under {}", d.display()));
-            }
+        if let Some(d) = &self.cpu {
+            s.push_str(&format!(", cpu under {}", d.display()));
         }
         s + ")"
     }
@@ -59,10 +57,7 @@ impl Hierarchy for CgroupV1 {
     /// Memory first, then pids, then the optional ones, each directory once.
     fn containers(&self) -> Vec<PathBuf> {
         let mut out = vec![self.memory.clone(), self.pids.clone()];
-        for d in [&self.cpu, &self.cpuacct, &self.freezer]
-            .into_iter()
-            .flatten()
-        {
+        for d in [&self.cpu, &self.cpuacct].into_iter().flatten() {
             if !out.contains(d) {
                 out.push(d.clone());
             }
@@ -114,11 +109,5 @@ impl Hierarchy for CgroupV1 {
 
     fn limits_cpu(&self) -> bool {
         self.cpu.is_some()
-    }
-
-    fn freeze(&self, dirs: &[PathBuf], frozen: bool) -> Option<io::Result<()>> {
-        let dir = self.slot(dirs, self.freezer.as_ref())?;
-        let state = if frozen { "FROZEN" } else { "THAWED" };
-        Some(write_file(&dir.join("freezer.state"), state))
     }
 }

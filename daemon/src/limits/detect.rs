@@ -228,7 +228,6 @@ fn detect_v1() -> Result<CgroupV1, String> {
         pids: required("pids")?,
         cpu: optional("cpu"),
         cpuacct: optional("cpuacct"),
-        freezer: optional("freezer"),
     })
 }
 

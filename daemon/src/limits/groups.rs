@@ -31,8 +31,11 @@ pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
     fn kill_at_once(&self, _dirs: &[PathBuf]) -> bool {
         false
     }
-    /// Freezes or thaws the group; `None` where the hierarchy cannot.
-    fn freeze(&self, dirs: &[PathBuf], frozen: bool) -> Option<io::Result<()>>;
+    /// Freezes or thaws the group; `None` where the hierarchy cannot (or
+    /// where a frozen process would not die of SIGKILL).
+    fn freeze(&self, _dirs: &[PathBuf], _frozen: bool) -> Option<io::Result<()>> {
+        None
+    }
 }
 
 /// One sandbox's group: a directory per hierarchy.

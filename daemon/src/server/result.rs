@@ -105,9 +105,12 @@ impl ToolError {
 /// The output schema of `run`: one shape for every result, success or error.
 /// Fields that do not apply (an exit code after a kill, a signal after a normal
 /// exit) are left out rather than null, which keeps the schema small.
-pub fn output_schema() -> Map<String, Value> {
+/// `network` and `sessions` say whether the tool can report a network
+/// allowance and a session; the properties it cannot return are left out,
+/// each costing the agent's context a few tokens.
+pub fn output_schema(network: bool, sessions: bool) -> Map<String, Value> {
     let t = |ty: &str| json!({"type": ty});
-    let schema = json!({
+    let mut schema = json!({
         "type": "object",
         "properties": {
             "ok": t("boolean"),
@@ -119,7 +122,6 @@ pub fn output_schema() -> Map<String, Value> {
             "duration_ms": t("integer"),
             "cpu_ms": t("integer"),
             "network_denied": {"type": "array", "items": t("string")},
-            "network": t("object"),
             "peak_memory_bytes": t("integer"),
             "timed_out": t("boolean"),
             "limit": t("string"),
@@ -127,11 +129,16 @@ pub fn output_schema() -> Map<String, Value> {
             "stdout_dropped_bytes": t("integer"),
             "stderr_dropped_bytes": t("integer"),
             "job": t("string"),
-            "session": t("object"),
             "error": t("object")
         },
         "required": ["ok"]
     });
+    if network {
+        schema["properties"]["network"] = t("object");
+    }
+    if sessions {
+        schema["properties"]["session"] = t("object");
+    }
     match schema {
         Value::Object(m) => m,
         _ => unreachable!("schema literal is an object"),
@@ -140,8 +147,8 @@ pub fn output_schema() -> Map<String, Value> {
 
 /// The output schema of a declared command's tool and of `confirm`: the
 /// run's, and the confirmation a call may wait for.
-pub fn command_output_schema() -> Map<String, Value> {
-    let mut schema = output_schema();
+pub fn command_output_schema(network: bool) -> Map<String, Value> {
+    let mut schema = output_schema(network, false);
     schema["properties"]["confirmation"] = json!({"type": "object"});
     schema
 }
@@ -657,7 +664,7 @@ mod tests {
         assert_eq!(s["ok"], true);
         assert_eq!(s["exit_code"], 0);
         assert!(s.get("error").is_none());
-        let schema = output_schema();
+        let schema = output_schema(true, true);
         for key in s.as_object().unwrap().keys() {
             assert!(
                 schema["properties"].get(key).is_some(),

@@ -33,7 +33,8 @@ pub fn run_tool(
         },
         "required": ["code", "env"]
     });
-    if has_sessions(envs) {
+    let sessions = has_sessions(envs);
+    if sessions {
         input["properties"]["session"] =
             json!({"type": "string", "description": "Keep state across calls under this name"});
     }
@@ -43,7 +44,10 @@ pub fn run_tool(
         description(envs, project, output_bytes),
         Arc::new(object(input)),
     )
-    .with_raw_output_schema(Arc::new(super::result::output_schema()))
+    .with_raw_output_schema(Arc::new(super::result::output_schema(
+        any_network,
+        sessions,
+    )))
     // Only the hints whose defaults would be wrong (destructive, open world).
     .with_annotations(
         ToolAnnotations::new()
@@ -87,7 +91,9 @@ fn description(
     if let Some(t) = &common_timeout {
         d.push_str(&format!("Time limit {t}. "));
     }
-    if !envs.iter().all(|e| e.network.policy().is_some()) {
+    if !envs.iter().any(|e| e.network.policy().is_some()) {
+        d.push_str("No network. ");
+    } else if !envs.iter().all(|e| e.network.policy().is_some()) {
         d.push_str("No network unless marked. ");
     }
     match project {
@@ -125,7 +131,7 @@ pub fn job_tool(limits: crate::jobs::JobLimits) -> Tool {
         }
     });
     let description = format!(
-        "Background runs (time limit {} s). No id: list them. With id: state and output since the last read (or from the offsets); wait_seconds waits for the end; kill stops it.",
+        "Background runs (limit {} s). No id: lists them. With id: state and new output; wait_seconds waits for the end; kill stops it.",
         limits.timeout.as_secs()
     );
     Tool::new(JOB, description, Arc::new(object(input)))
@@ -157,13 +163,14 @@ pub fn command_tool(offered: &Offered) -> Tool {
         Danger::Moderate => ToolAnnotations::new().read_only(false).destructive(false),
         Danger::High => ToolAnnotations::new().read_only(false).destructive(true),
     };
+    let network = c.network.policy().is_some();
     Tool::new(
         offered.tool.clone(),
         c.description.clone(),
         Arc::new(params::input_schema(&c.params)),
     )
-    .with_raw_output_schema(Arc::new(super::result::command_output_schema()))
-    .with_annotations(hints.open_world(c.network.policy().is_some()))
+    .with_raw_output_schema(Arc::new(super::result::command_output_schema(network)))
+    .with_annotations(hints.open_world(network))
 }
 
 /// The `confirm` tool, for clients that cannot ask their user themselves.
@@ -186,7 +193,7 @@ pub fn confirm_tool(catalog: &Catalog) -> Tool {
         "Run a command that returned confirmation_required, once the user agreed: pass back its confirmation's token, command and arguments.",
         Arc::new(object(input)),
     )
-    .with_raw_output_schema(Arc::new(super::result::command_output_schema()))
+    .with_raw_output_schema(Arc::new(super::result::command_output_schema(open_world)))
     .with_annotations(
         ToolAnnotations::new()
             .read_only(false)
@@ -206,11 +213,6 @@ pub fn instructions(envs: &[Arc<Environment>]) -> String {
         String::from("Run code instead of guessing its result. Pick `env` by the code's language");
     if envs.iter().any(|e| e.name == "bash") {
         s.push_str("; bash for shell commands and the project's tools (tests, builds, git)");
-    }
-    s.push_str(". ");
-    s.push_str("Each call is a fresh sandbox");
-    if has_sessions(envs) {
-        s.push_str(" unless you pass a session name to keep state");
     }
     s.push_str(". Failures return isError with stdout, stderr and a suggestion. Longer work: run with background=true, then job.");
     s
