@@ -11,7 +11,7 @@ use crate::audit::AuditLog;
 use crate::config::{self, Config, ProjectMode};
 use crate::environment::{Environment, InterpreterKind};
 use crate::exec::{Bounds, Executor, Queue, Request};
-use crate::jail::ProjectMount;
+use crate::jail::{ProjectAccess, ProjectMount};
 use crate::jobs::JobLimits;
 use crate::limits::Enforcer;
 use crate::platform::{Platform, PlatformError};
@@ -78,7 +78,10 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     if !opts.quick {
         self_test(&executor).await?;
     }
-    let (project, project_note) = resolve_project(&config)?;
+    let (mut project, mut project_note) = resolve_project(&config)?;
+    if let Some(p) = &mut project {
+        project_note = settle_project(&executor, p);
+    }
     if let Some(note) = &project_note {
         tracing::warn!("{note}");
     }
@@ -357,10 +360,51 @@ pub fn resolve_project(
         Some(ProjectMount {
             host_path: real,
             mount_point: p.mount_point.0.clone(),
-            writable: p.mode == ProjectMode::Readwrite,
+            access: match p.mode {
+                ProjectMode::Overlay => ProjectAccess::Overlay,
+                ProjectMode::Readonly => ProjectAccess::ReadOnly,
+                ProjectMode::Readwrite => ProjectAccess::ReadWrite,
+            },
+            overlay: false,
+            downgraded: false,
+            protected: project_protected(&p.protected),
         }),
         None,
     ))
+}
+
+/// The built-in protected paths and the configuration's.
+fn project_protected(extra: &[config::ProjectPath]) -> Vec<String> {
+    crate::changes::PROTECTED
+        .iter()
+        .map(|p| p.to_string())
+        .chain(extra.iter().map(|p| p.0.clone()))
+        .collect()
+}
+
+/// Finds out whether the nest can show `project` through an overlay; an
+/// overlay project becomes read-only when it cannot, with the reason.
+pub fn settle_project(executor: &Executor, project: &mut ProjectMount) -> Option<String> {
+    if project.access == ProjectAccess::ReadWrite {
+        return None;
+    }
+    match executor.probe_overlay(&project.host_path) {
+        Ok(()) => {
+            project.overlay = true;
+            None
+        }
+        Err(why) if project.access == ProjectAccess::Overlay => {
+            project.access = ProjectAccess::ReadOnly;
+            project.downgraded = true;
+            Some(format!(
+                "the project is read-only: this host cannot give it a copy-on-write overlay ({why}); run `nix-sandbox-mcp doctor` for the fix"
+            ))
+        }
+        Err(why) => {
+            tracing::debug!("the read-only project is bound from the host: {why}");
+            None
+        }
+    }
 }
 
 /// Runs start-up probes through the real executor.

@@ -178,6 +178,7 @@ mod tests {
             limits_reached: vec![],
             usage: Default::default(),
             network: None,
+            upper: None,
         }
     }
 

@@ -118,6 +118,7 @@ pub async fn run(opts: &StartOptions, mut report: impl FnMut(&Finding)) -> Vec<F
     record(check_config(&mut s, opts));
     record(check_bubblewrap(&mut s));
     record(check_sandbox(&mut s).await);
+    record(check_nest(&s));
     record(check_limits(&s));
     record(check_seccomp(&s));
     record(check_project(&mut s));
@@ -214,6 +215,44 @@ async fn check_sandbox(s: &mut State) -> Vec<Finding> {
     vec![finding]
 }
 
+fn check_nest(s: &State) -> Vec<Finding> {
+    let Some(executor) = &s.executor else {
+        return Vec::new();
+    };
+    vec![match executor.nest() {
+        Ok(()) => Finding::ok(
+            "nest",
+            "sandboxes start in the server's own user and pid namespaces: their writable filesystems are bounded in size and files, the project can be a copy-on-write overlay, and nothing outlives the server",
+        ),
+        Err(why) => Finding::warn(
+            "nest",
+            format!(
+                "sandboxes start without the nest ({why}): no copy-on-write project (it is read-only instead), /workspace, /tmp and /dev/shm are bounded in size each but not in files, and a sandbox may outlive a server killed outright"
+            ),
+            nest_fix(why),
+        ),
+    }]
+}
+
+/// What would let the daemon create the nest, from why it could not.
+fn nest_fix(why: &str) -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .ok()
+    };
+    if why.contains(crate::exec::NO_NEST_VAR) {
+        return format!("unset {}", crate::exec::NO_NEST_VAR);
+    }
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        return "AppArmor lets only programs with a profile create user namespaces: give this binary one that allows `userns,` (docs/security.md shows it), or `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`".to_string();
+    }
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return "`sudo sysctl -w kernel.unprivileged_userns_clone=1` (persist it in /etc/sysctl.d/)".to_string();
+    }
+    "the kernel refused an unprivileged user namespace or a mount in it (Linux 5.11 or later is needed for overlayfs there); inside a container, allow user namespaces".to_string()
+}
+
 fn check_limits(s: &State) -> Vec<Finding> {
     let Some(executor) = &s.executor else {
         return Vec::new();
@@ -255,19 +294,26 @@ fn check_project(s: &mut State) -> Vec<Finding> {
         return Vec::new();
     };
     vec![match app::resolve_project(config) {
-        Ok((Some(p), _)) => {
-            let mode = if p.writable {
-                "read-write"
-            } else {
-                "read-only"
-            };
+        Ok((Some(mut p), _)) => {
+            let note = s
+                .executor
+                .as_ref()
+                .and_then(|x| app::settle_project(x, &mut p));
             let detail = format!(
-                "{} mounted at {} ({mode})",
+                "{} mounted at {} ({})",
                 p.host_path.display(),
-                p.mount_point
+                p.mount_point,
+                p.access.name()
             );
             s.project = Some(p);
-            Finding::ok("project", detail)
+            match note {
+                None => Finding::ok("project", detail),
+                Some(note) => Finding::warn(
+                    "project",
+                    format!("{detail}: {note}"),
+                    "see the nest check above",
+                ),
+            }
         }
         Ok((None, note)) => Finding::warn(
             "project",

@@ -107,8 +107,12 @@ pub struct Limits {
     pub cpu_millis: u32,
     pub file_size_bytes: u64,
     pub open_files: u64,
-    /// Size of each of the /workspace and /tmp filesystems.
+    /// Size of the writable filesystems (/workspace, /tmp, /dev/shm and
+    /// the project's changes together where the nest stages them; each
+    /// otherwise).
     pub workspace_bytes: u64,
+    /// Files and directories they may hold, where the nest stages them.
+    pub workspace_files: u64,
     /// Bytes of each output stream kept in a result.
     pub output_bytes: usize,
     /// Total output after which the run is killed.
@@ -129,6 +133,7 @@ impl Limits {
             file_size_mb: Some(Positive(256)),
             open_files: Some(OpenFiles(1024)),
             workspace_mb: Some(Positive(512)),
+            workspace_files: Some(Positive(131_072)),
             output_bytes: Some(OutputBytes(16 * 1024)),
             output_limit_mb: Some(Positive(256)),
         }
@@ -147,6 +152,7 @@ impl Limits {
             file_size_bytes: get(s.file_size_mb).saturating_mul(MIB),
             open_files: s.open_files.map(|o| o.0).unwrap_or(1024),
             workspace_bytes: get(s.workspace_mb).saturating_mul(MIB),
+            workspace_files: get(s.workspace_files),
             output_bytes: s.output_bytes.map(|o| o.0 as usize).unwrap_or(16 * 1024),
             output_limit_bytes: get(s.output_limit_mb).saturating_mul(MIB),
         }

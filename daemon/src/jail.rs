@@ -44,7 +44,51 @@ pub struct HostLayout {
 pub struct ProjectMount {
     pub host_path: PathBuf,
     pub mount_point: String,
-    pub writable: bool,
+    pub access: ProjectAccess,
+    /// The nest can show this project through overlayfs (probed at start):
+    /// required by [`ProjectAccess::Overlay`], and used for a read-only
+    /// project too, which then shows no host path and takes no lock on the
+    /// host's files.
+    pub overlay: bool,
+    /// An overlay was asked for but the host cannot make one, so the
+    /// project is read-only instead.
+    pub downgraded: bool,
+    /// Paths (relative; a trailing `/` for a directory) kept read-only in
+    /// a read-write project, and flagged when an overlay's change touches them.
+    pub protected: Vec<String>,
+}
+
+/// How the sandbox may change the project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProjectAccess {
+    /// Writable through a copy-on-write overlay: changes stay in the
+    /// sandbox's upper layer, the host's files are never written.
+    Overlay,
+    ReadOnly,
+    /// The host's files themselves, writable.
+    ReadWrite,
+}
+
+impl ProjectAccess {
+    /// The configuration's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProjectAccess::Overlay => "overlay",
+            ProjectAccess::ReadOnly => "readonly",
+            ProjectAccess::ReadWrite => "readwrite",
+        }
+    }
+}
+
+/// The layout of a staged tmpfs (see exec's nest): the directories, each
+/// relative to its root, that become the sandbox's writable filesystems
+/// and its view of the project.
+pub mod staged {
+    pub const WORKSPACE: &str = "workspace";
+    pub const TMP: &str = "tmp";
+    pub const SHM: &str = "shm";
+    /// The project's overlay (writable or read-only).
+    pub const PROJECT: &str = "project";
 }
 
 /// Per-call inputs to the jail.
@@ -68,6 +112,14 @@ pub struct Call<'a> {
     /// Where the command starts, when not in [`WORKSPACE`] (a declared
     /// command's working directory in the project).
     pub workdir: Option<&'a str>,
+    /// The root of the sandbox's staged tmpfs (see [`staged`]), when the
+    /// nest stages its writable filesystems and its project view; without
+    /// it bubblewrap makes the writable filesystems itself, and the project
+    /// is bound from the host.
+    pub staged: Option<&'a Path>,
+    /// The project's protected paths that exist on the host as files or
+    /// directories (not symlinks), relative: read-only in a read-write project.
+    pub protected: &'a [String],
 }
 
 /// Where `env`'s code file appears in the sandbox: in the working directory.
@@ -161,25 +213,47 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         }
     }
 
-    // Kernel interfaces and scratch space. Every writable filesystem has a size.
+    // Kernel interfaces and scratch space. Every writable filesystem has a
+    // size: staged, one tmpfs bounded in size and files holds them all.
     a.pair("--proc", "/proc");
     a.pair("--dev", "/dev");
-    let size = env.limits.workspace_bytes.to_string();
-    a.pair("--size", &size);
-    a.pair("--tmpfs", "/dev/shm");
-    a.pair("--perms", "1777");
-    a.pair("--size", &size);
-    a.pair("--tmpfs", "/tmp");
-    a.pair("--size", &size);
-    a.pair("--tmpfs", WORKSPACE);
+    match call.staged {
+        Some(root) => {
+            for (dir, at) in [
+                (staged::SHM, "/dev/shm"),
+                (staged::TMP, "/tmp"),
+                (staged::WORKSPACE, WORKSPACE),
+            ] {
+                a.triple_os("--bind", root.join(dir).as_os_str(), at.as_ref());
+            }
+        }
+        None => {
+            let size = env.limits.workspace_bytes.to_string();
+            a.pair("--size", &size);
+            a.pair("--tmpfs", "/dev/shm");
+            a.pair("--perms", "1777");
+            a.pair("--size", &size);
+            a.pair("--tmpfs", "/tmp");
+            a.pair("--size", &size);
+            a.pair("--tmpfs", WORKSPACE);
+        }
+    }
 
     if let Some(p) = call.project {
-        let flag = if p.writable { "--bind" } else { "--ro-bind" };
-        a.triple_os(
-            flag,
-            p.host_path.as_os_str(),
-            Path::new(&p.mount_point).as_os_str(),
-        );
+        let at = Path::new(&p.mount_point).as_os_str();
+        match (p.access, call.staged) {
+            (ProjectAccess::ReadWrite, _) => {
+                a.triple_os("--bind", p.host_path.as_os_str(), at);
+                for rel in call.protected {
+                    let rel = rel.trim_end_matches('/');
+                    a.bind_ro(&p.host_path.join(rel), &Path::new(&p.mount_point).join(rel));
+                }
+            }
+            (_, Some(root)) if p.overlay => {
+                a.triple_os("--bind", root.join(staged::PROJECT).as_os_str(), at)
+            }
+            _ => a.triple_os("--ro-bind", p.host_path.as_os_str(), at),
+        }
     }
 
     if let Some((file, at)) = call.code_file {
@@ -200,6 +274,9 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         a.pair("--block-fd", &fd.to_string());
     }
     a.pair("--chdir", call.workdir.unwrap_or(WORKSPACE));
+    // Last: everything above is mounted, and nothing else under / may be
+    // written (the writable filesystems are mounts of their own).
+    a.pair("--remount-ro", "/");
     a.0
 }
 
@@ -277,6 +354,15 @@ mod tests {
         project: Option<&ProjectMount>,
         inherited: &[(String, String)],
     ) -> Vec<String> {
+        argv_staged(env, project, inherited, None)
+    }
+
+    fn argv_staged(
+        env: &Environment,
+        project: Option<&ProjectMount>,
+        inherited: &[(String, String)],
+        staged: Option<&Path>,
+    ) -> Vec<String> {
         let call = Call {
             env,
             project,
@@ -286,6 +372,8 @@ mod tests {
             status_fd: Some(10),
             inherited,
             workdir: None,
+            staged,
+            protected: &[],
         };
         bwrap_options(&layout(), &call)
             .into_iter()
@@ -371,20 +459,122 @@ mod tests {
         let p = ProjectMount {
             host_path: "/home/u/proj".into(),
             mount_point: "/project".into(),
-            writable: false,
+            access: ProjectAccess::ReadOnly,
+            overlay: false,
+            downgraded: false,
+            protected: Vec::new(),
         };
         let a = argv(&env(), Some(&p), &[]);
         assert!(has(&a, &["--ro-bind", "/home/u/proj", "/project"]));
         // the project is mounted after the tmpfs so a mount point under /workspace works
         assert!(pos(&a, &["--ro-bind", "/home/u/proj"]) > pos(&a, &["--tmpfs", "/workspace"]));
-        let p = ProjectMount {
-            writable: true,
-            ..p
+        let rw = ProjectMount {
+            access: ProjectAccess::ReadWrite,
+            ..p.clone()
         };
-        let a = argv(&env(), Some(&p), &[]);
+        let a = argv(&env(), Some(&rw), &[]);
         assert!(has(&a, &["--bind", "/home/u/proj", "/project"]));
         let a = argv(&env(), None, &[]);
         assert!(!a.iter().any(|x| x == "/project"));
+    }
+
+    #[test]
+    fn a_staged_project_is_its_overlay_and_never_the_host_tree() {
+        let stage = Path::new("/run/nsm/stage");
+        let overlay = ProjectMount {
+            host_path: "/home/u/proj".into(),
+            mount_point: "/project".into(),
+            access: ProjectAccess::Overlay,
+            overlay: true,
+            downgraded: false,
+            protected: Vec::new(),
+        };
+        let read_only = ProjectMount {
+            access: ProjectAccess::ReadOnly,
+            ..overlay.clone()
+        };
+        for p in [&overlay, &read_only] {
+            let a = argv_staged(&env(), Some(p), &[], Some(stage));
+            assert!(
+                has(&a, &["--bind", "/run/nsm/stage/project", "/project"]),
+                "{a:?}"
+            );
+            assert!(!a.iter().any(|x| x == "/home/u/proj"), "{a:?}");
+        }
+        // Where the nest cannot make the overlay: read-only, from the host.
+        let no_overlay = ProjectMount {
+            overlay: false,
+            ..overlay.clone()
+        };
+        let a = argv_staged(&env(), Some(&no_overlay), &[], Some(stage));
+        assert!(has(&a, &["--ro-bind", "/home/u/proj", "/project"]));
+        // Read-write is the host's tree, staged or not.
+        let rw = ProjectMount {
+            access: ProjectAccess::ReadWrite,
+            ..overlay
+        };
+        let a = argv_staged(&env(), Some(&rw), &[], Some(stage));
+        assert!(has(&a, &["--bind", "/home/u/proj", "/project"]));
+    }
+
+    #[test]
+    fn a_read_write_project_keeps_its_protected_files_read_only() {
+        let p = ProjectMount {
+            host_path: "/home/u/proj".into(),
+            mount_point: "/project".into(),
+            access: ProjectAccess::ReadWrite,
+            overlay: false,
+            downgraded: false,
+            protected: vec![".mcp.json".into(), ".claude/".into()],
+        };
+        let existing = [".mcp.json".to_string(), ".claude/".to_string()];
+        let call = Call {
+            env: &env(),
+            project: Some(&p),
+            code_file: None,
+            block_fd: None,
+            seccomp_fds: vec![],
+            status_fd: None,
+            inherited: &[],
+            workdir: None,
+            staged: None,
+            protected: &existing,
+        };
+        let a: Vec<String> = bwrap_options(&layout(), &call)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        let project = pos(&a, &["--bind", "/home/u/proj", "/project"]);
+        for (host, inside) in [
+            ("/home/u/proj/.mcp.json", "/project/.mcp.json"),
+            ("/home/u/proj/.claude", "/project/.claude"),
+        ] {
+            assert!(pos(&a, &["--ro-bind", host, inside]) > project, "{inside}");
+        }
+    }
+
+    #[test]
+    fn staged_writable_filesystems_are_directories_of_one_bounded_tmpfs() {
+        let a = argv_staged(&env(), None, &[], Some(Path::new("/run/nsm/stage")));
+        for (dir, at) in [
+            ("shm", "/dev/shm"),
+            ("tmp", "/tmp"),
+            ("workspace", "/workspace"),
+        ] {
+            assert!(
+                has(&a, &["--bind", &format!("/run/nsm/stage/{dir}"), at]),
+                "{at}"
+            );
+        }
+        assert!(!a.iter().any(|x| x == "--tmpfs" || x == "--size"), "{a:?}");
+    }
+
+    #[test]
+    fn the_root_is_read_only_once_everything_is_mounted() {
+        for staged in [None, Some(Path::new("/run/nsm/stage"))] {
+            let a = argv_staged(&env(), None, &[], staged);
+            assert_eq!(&a[a.len() - 2..], &["--remount-ro", "/"]);
+        }
     }
 
     #[test]
@@ -434,6 +624,8 @@ mod tests {
             status_fd: None,
             inherited: &[],
             workdir: Some("/project/sub"),
+            staged: None,
+            protected: &[],
         };
         let a: Vec<String> = bwrap_options(&layout(), &call)
             .into_iter()

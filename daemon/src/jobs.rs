@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::changes::Note;
 use crate::environment::Limits;
 use crate::exec::capture::{Capture, Captured};
 use crate::exec::{ExecError, Observer, Outcome, Stream};
@@ -49,7 +50,8 @@ impl State {
 /// How a finished job ended.
 #[derive(Debug, Clone)]
 pub enum Ending {
-    Ran(Box<Outcome>),
+    /// The run, and what it did to the project.
+    Ran(Box<Outcome>, Option<Note>),
     Failed(String),
 }
 
@@ -171,9 +173,9 @@ impl Job {
     }
 
     /// Records how the run ended (called once, by the task that ran it).
-    pub fn finish(&self, result: Result<Outcome, ExecError>) {
+    pub fn finish(&self, result: Result<Outcome, ExecError>, project: Option<Note>) {
         let ending = match result {
-            Ok(o) => Ending::Ran(Box::new(o)),
+            Ok(o) => Ending::Ran(Box::new(o), project),
             Err(e) => Ending::Failed(e.to_string()),
         };
         *self.ending.lock().unwrap() = Some((ending, Instant::now()));
@@ -356,7 +358,7 @@ mod tests {
             Err(JobError::Full { max: 2, running: 2 })
         ));
         assert_eq!(a.id, "job-1");
-        a.finish(Err(ExecError::CancelledWhileQueued));
+        a.finish(Err(ExecError::CancelledWhileQueued), None);
         assert!(a.wait(Duration::from_millis(10)).await);
         assert!(
             jobs.create("bash", env_limits(), &shutdown).is_err(),

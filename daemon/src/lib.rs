@@ -13,6 +13,7 @@
 
 pub mod app;
 pub mod audit;
+pub mod changes;
 pub mod cli;
 pub mod clients;
 pub mod commands;

@@ -22,6 +22,9 @@ pub struct Platform {
     pub layout: HostLayout,
     /// `(uid, gid)` to switch to before starting bubblewrap, when running as root.
     pub run_as: Option<(u32, u32)>,
+    /// An empty directory: where the nest mounts each sandbox's staged
+    /// tmpfs, every one in a mount namespace of its own.
+    pub stage_dir: PathBuf,
     /// Where the code of each run is written (mode 0700, owned by the uid
     /// bubblewrap runs as): the file is bound into the sandbox read-only.
     code_dir: PathBuf,
@@ -83,6 +86,8 @@ impl Platform {
         let run_as = rustix::process::geteuid()
             .is_root()
             .then_some((UNPRIVILEGED_ID, UNPRIVILEGED_ID));
+        let stage_dir = runtime_dir.path().join("stage");
+        fs::create_dir(&stage_dir).map_err(PlatformError::RuntimeDir)?;
         let code_dir = runtime_dir.path().join("code");
         fs::create_dir(&code_dir).map_err(PlatformError::RuntimeDir)?;
         fs::set_permissions(&code_dir, fs::Permissions::from_mode(0o700))
@@ -100,6 +105,7 @@ impl Platform {
             bwrap_version,
             layout,
             run_as,
+            stage_dir,
             code_dir,
             _runtime_dir: runtime_dir,
         })

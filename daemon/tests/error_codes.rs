@@ -23,6 +23,7 @@ fn a_run_without_an_exit_status_is_an_internal_error() {
         limits_reached: Vec::new(),
         usage: Default::default(),
         network: None,
+        upper: None,
     };
     let error = run_error(&outcome, &Limits::resolve(Default::default())).unwrap();
     assert_eq!(error.code.as_str(), "internal");

@@ -446,7 +446,10 @@ async fn a_sandbox_that_cannot_be_set_up_is_not_blamed_on_the_program() {
     let gone = ProjectMount {
         host_path: "/nonexistent/project".into(),
         mount_point: "/project".into(),
-        writable: false,
+        access: nix_sandbox_mcp::jail::ProjectAccess::ReadOnly,
+        overlay: false,
+        downgraded: false,
+        protected: Vec::new(),
     };
     let r = fixture()
         .app

@@ -244,7 +244,7 @@ let
     };
     "a bad project mode is refused" = {
       expr = lib'.planServer { project.mode = "rw"; };
-      throws = "project.mode: expected one of \"readonly\", \"readwrite\"";
+      throws = "project.mode: expected one of \"overlay\", \"readonly\", \"readwrite\"";
     };
     "inheriting a reserved variable is refused" = {
       expr = lib'.planServer { project.inherit_env.vars = [ "PATH" ]; };

@@ -270,8 +270,9 @@ def test_a_hundred_concurrent_calls_all_complete():
 def test_overload_beyond_the_queue_is_an_immediate_busy_error():
     """With one run slot and two places in the queue, of eight calls five are
     answered busy while the other three are still held (they wait for a file
-    the test creates only then), and the three complete afterwards."""
-    config = write_config("[server]\nmax_concurrent_runs = 1\nmax_queued_runs = 2\n")
+    the test creates only then, in a project mounted read-write so that the
+    running sandboxes see it appear), and the three complete afterwards."""
+    config = write_config("[server]\nmax_concurrent_runs = 1\nmax_queued_runs = 2\n[project]\nmode = \"readwrite\"\n")
     project = readable_tmpdir()
     code = "while [ ! -e /project/release ]; do sleep 0.05; done; echo done"
 

@@ -95,7 +95,8 @@ def test_a_background_job_from_start_to_finish():
     project = readable_tmpdir()
 
     async def t():
-        async with session(project=str(project)) as s:
+        # Read-write, so that the running job sees the file the test creates.
+        async with session(project=str(project), config=write_config('[project]\nmode = "readwrite"\n')) as s:
             # The job waits for a file the test creates: the call returns while it runs.
             code = "echo first; while [ ! -e /project/release ]; do sleep 0.05; done; echo second >&2; echo third; exit 3"
             sc, text, err = await call(s, "bash", code, background=True)

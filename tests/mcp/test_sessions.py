@@ -31,6 +31,18 @@ async def gone_within(m: str, seconds: float = 5) -> None:
     assert processes_with(m) == [], processes_with(m)
 
 
+# A background process started by a session call, waited for until it runs
+# its program: the session is paused (stopped) when the call returns, which
+# would otherwise catch it between fork and exec.
+def bash_bg(m: str) -> str:
+    return f"sleep {m} & until grep -q {m} /proc/$!/cmdline 2>/dev/null; do :; done"
+
+
+def node_bg(m: str) -> str:
+    return (f"const c = require('child_process').spawn('sleep', ['{m}'], {{detached: true, stdio: 'ignore'}}); c.unref();\n"
+            f"while (!(() => {{ try {{ return require('fs').readFileSync('/proc/' + c.pid + '/cmdline', 'utf8').includes('{m}') }} catch (e) {{ return false }} }})()) {{}}")
+
+
 async def seen_within(m: str, count: int, seconds: float = 5) -> None:
     """Waits until `count` host processes carry `m` (a background `sleep` may
     still be starting when its call returns)."""
@@ -277,10 +289,13 @@ def test_limits_hold_for_the_whole_session():
 
 LOOP = ("import os\nn = 0\nwhile True:\n    n += 1\n    if n % 1000 == 0:\n"
         "        open('/workspace/c.tmp', 'w').write(str(n))\n        os.replace('/workspace/c.tmp', '/workspace/count')\n")
+# The same loop in bash alone (a Nix-built bash environment has no python).
+BASH_LOOP = ("(n=0; while :; do n=$((n + 1)); if ((n % 100 == 0)); then "
+             "echo $n > /workspace/c.tmp; mv /workspace/c.tmp /workspace/count; fi; done) &")
 
 
 @pytest.mark.parametrize("env,start,wait,read", [
-    ("bash", f"python3 -c \"{LOOP}\" &", "sleep 0.5", "cat /workspace/count"),
+    ("bash", BASH_LOOP, "sleep 0.5", "cat /workspace/count"),
     ("python", f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {LOOP!r}])",
      "import time; time.sleep(0.5)", "print(open('/workspace/count').read())"),
 ])
@@ -313,7 +328,7 @@ def test_idle_sessions_are_closed_and_the_next_call_says_so():
 
     async def t():
         async with session(config=config) as s:
-            await ok(s, "bash", f"x=1; sleep {m} &", "idle")
+            await ok(s, "bash", f"x=1; {bash_bg(m)}", "idle")
             await seen_within(m, 1)
             await anyio.sleep(1.5)
             await gone_within(m, 5)
@@ -378,9 +393,9 @@ def test_sessions_die_with_the_server():
 
     async def t():
         async with session() as s:
-            await ok(s, "bash", f"sleep {m} &", "a")
+            await ok(s, "bash", bash_bg(m), "a")
             await ok(s, "python", f"import subprocess; p = subprocess.Popen(['sleep', '{m}.5'])", "b")
-            await ok(s, "node", f"require('child_process').spawn('sleep', ['{m}.7'], {{detached: true, stdio: 'ignore'}}).unref()", "c")
+            await ok(s, "node", node_bg(f"{m}.7"), "c")
             await seen_within(m, 3)
     run_async(t)
     deadline = time.monotonic() + 5
@@ -391,7 +406,7 @@ def test_sessions_die_with_the_server():
     # Killed outright, the server still takes its sessions with it.
     srv = RawServer()
     srv.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-              "params": {"name": "run", "arguments": {"env": "bash", "session": "k", "code": f"sleep {m} &"}}})
+              "params": {"name": "run", "arguments": {"env": "bash", "session": "k", "code": bash_bg(m)}}})
     assert srv.recv()["result"]["structuredContent"]["ok"]
     anyio.run(seen_within, m, 1)
     srv.close()

@@ -21,7 +21,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
                     "limits": {
                         "timeout_ms": l.timeout.as_millis() as u64, "memory_mb": l.memory_bytes >> 20, "pids": l.pids,
                         "cpu_seconds": l.cpu_seconds, "file_size_mb": l.file_size_bytes >> 20, "open_files": l.open_files,
-                        "workspace_mb": l.workspace_bytes >> 20, "output_bytes": l.output_bytes, "output_limit_mb": l.output_limit_bytes >> 20,
+                        "workspace_mb": l.workspace_bytes >> 20, "workspace_files": l.workspace_files, "output_bytes": l.output_bytes, "output_limit_mb": l.output_limit_bytes >> 20,
                     },
                 })
             })
@@ -32,7 +32,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             "limits_mechanism": app.executor.enforcer().mechanism().as_str(),
             "cpu_quota": app.executor.enforcer().limits_cpu(),
             "limits_detail": mechanism,
-            "project": app.project.as_ref().map(|p| serde_json::json!({"path": p.host_path, "mount_point": p.mount_point, "writable": p.writable})),
+            "project": app.project.as_ref().map(|p| serde_json::json!({"path": p.host_path, "mount_point": p.mount_point, "mode": p.access.name()})),
             "warnings": app.registry.warnings,
             "sources": app.registry.sources.iter().map(|(name, about)| serde_json::json!({"name": name, "about": about})).collect::<Vec<_>>(),
         });
@@ -71,11 +71,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
         let _ = writeln!(text, "limits enforced with: {mechanism}");
         match (&app.project, &app.project_note) {
             (Some(p), _) => {
-                let mode = if p.writable {
-                    "read-write"
-                } else {
-                    "read-only"
-                };
+                let mode = p.access.name();
                 let _ = writeln!(
                     text,
                     "project: {} at {} ({mode})",

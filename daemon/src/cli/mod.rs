@@ -17,6 +17,7 @@ use clap::{ArgAction, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{self, App, StartOptions};
+use crate::exec::nest::holder;
 use crate::exec::{ExecError, LimitKind, Observer, Request, Stream};
 use crate::jobs::Jobs;
 use crate::registry::artifact;
@@ -181,6 +182,12 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
+    // The nest's holder (see exec::nest), started by the daemon from this
+    // binary; not for users, so not in --help.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref().and_then(|a| a.to_str()) == Some(holder::HOLDER) {
+        return holder::holder_main(args.next().as_deref().and_then(|a| a.to_str()));
+    }
     let cli = Cli::parse();
     let running = matches!(cli.command, Some(Command::Run { .. }));
     init_logging(cli.verbose, cli.stdio, running);

@@ -198,7 +198,10 @@ fn workdir_is_checked_after_resolving_symlinks() {
     let project = ProjectMount {
         host_path: root.canonicalize().unwrap(),
         mount_point: "/project".into(),
-        writable: false,
+        access: crate::jail::ProjectAccess::ReadOnly,
+        overlay: false,
+        downgraded: false,
+        protected: Vec::new(),
     };
     let with = |w: &str| {
         check_in(

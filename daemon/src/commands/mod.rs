@@ -185,7 +185,7 @@ impl Commands {
             }
         }
         let project_file = match setup.project {
-            Some(p) if p.writable => {
+            Some(p) if p.access == crate::jail::ProjectAccess::ReadWrite => {
                 let path = p.host_path.join(PROJECT_FILE);
                 if path.exists() {
                     tracing::warn!(
@@ -398,7 +398,14 @@ mod tests {
         let mount = ProjectMount {
             host_path: dir.path().canonicalize().unwrap(),
             mount_point: "/project".into(),
-            writable,
+            access: if writable {
+                crate::jail::ProjectAccess::ReadWrite
+            } else {
+                crate::jail::ProjectAccess::ReadOnly
+            },
+            overlay: false,
+            downgraded: false,
+            protected: Vec::new(),
         };
         (dir, mount)
     }

@@ -171,7 +171,10 @@ fn project() -> (tempfile::TempDir, ProjectMount) {
     let mount = ProjectMount {
         host_path: root.canonicalize().unwrap(),
         mount_point: "/project".into(),
-        writable: false,
+        access: crate::jail::ProjectAccess::ReadOnly,
+        overlay: false,
+        downgraded: false,
+        protected: Vec::new(),
     };
     (dir, mount)
 }

@@ -86,7 +86,10 @@ mod tests {
         let project = ProjectMount {
             host_path: dir.path().canonicalize().unwrap(),
             mount_point: "/project".into(),
-            writable: false,
+            access: crate::jail::ProjectAccess::ReadOnly,
+            overlay: false,
+            downgraded: false,
+            protected: Vec::new(),
         };
         let commands = Arc::new(
             Commands::load(Setup {

@@ -83,6 +83,8 @@ pub struct LimitSettings {
     pub file_size_mb: Option<Positive>,
     pub open_files: Option<OpenFiles>,
     pub workspace_mb: Option<Positive>,
+    /// Files and directories the writable filesystems may hold together.
+    pub workspace_files: Option<Positive>,
     pub output_bytes: Option<OutputBytes>,
     pub output_limit_mb: Option<Positive>,
 }
@@ -99,6 +101,7 @@ impl LimitSettings {
             file_size_mb: over.file_size_mb.or(self.file_size_mb),
             open_files: over.open_files.or(self.open_files),
             workspace_mb: over.workspace_mb.or(self.workspace_mb),
+            workspace_files: over.workspace_files.or(self.workspace_files),
             output_bytes: over.output_bytes.or(self.output_bytes),
             output_limit_mb: over.output_limit_mb.or(self.output_limit_mb),
         }
@@ -116,6 +119,8 @@ pub struct ProjectSettings {
     pub mode: ProjectMode,
     pub use_flake: bool,
     pub inherit_env: Vec<EnvVarName>,
+    /// Paths protected besides the built-in list (see `changes::PROTECTED`).
+    pub protected: Vec<ProjectPath>,
 }
 
 impl ProjectSettings {
@@ -127,8 +132,12 @@ impl ProjectSettings {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
+/// `overlay`: writable through a copy-on-write overlay, the host's files are
+/// never written (read-only where the host cannot make the overlay);
+/// `readonly`; `readwrite`: the host's files themselves, changes are real.
 pub enum ProjectMode {
     #[default]
+    Overlay,
     Readonly,
     Readwrite,
 }
@@ -161,6 +170,7 @@ pub struct EnvironmentSettings {
     pub file_size_mb: Option<Positive>,
     pub open_files: Option<OpenFiles>,
     pub workspace_mb: Option<Positive>,
+    pub workspace_files: Option<Positive>,
     pub output_bytes: Option<OutputBytes>,
     pub output_limit_mb: Option<Positive>,
 }
@@ -177,6 +187,7 @@ impl EnvironmentSettings {
             file_size_mb: self.file_size_mb,
             open_files: self.open_files,
             workspace_mb: self.workspace_mb,
+            workspace_files: self.workspace_files,
             output_bytes: self.output_bytes,
             output_limit_mb: self.output_limit_mb,
         }
@@ -208,6 +219,12 @@ struct RawProject {
     use_flake: bool,
     #[serde(default)]
     inherit_env: RawInheritEnv,
+    /// Paths (relative to the project; a trailing `/` for a directory) that
+    /// a `readwrite` project keeps read-only and whose change in an
+    /// `overlay` project is flagged, besides the built-in list of agent
+    /// instruction and configuration files.
+    #[serde(default)]
+    protected: Vec<ProjectPath>,
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -353,6 +370,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
             mode: raw.project.mode.unwrap_or_default(),
             use_flake: raw.project.use_flake,
             inherit_env: raw.project.inherit_env.vars,
+            protected: raw.project.protected,
         },
         environments,
         commands: raw.commands.into_iter().map(|(k, v)| (k.0, v)).collect(),

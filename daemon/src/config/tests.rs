@@ -9,7 +9,7 @@ fn empty_file_gives_defaults() {
     let c = parse_str("").unwrap();
     assert!(c.environments.is_none());
     assert_eq!(c.project.mount_point.0, "/project");
-    assert_eq!(c.project.mode, ProjectMode::Readonly);
+    assert_eq!(c.project.mode, ProjectMode::Overlay);
 }
 
 #[test]

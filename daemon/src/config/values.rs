@@ -188,6 +188,26 @@ pub fn read_inherited(names: &[String]) -> Vec<(String, String)> {
 /// Variables the jail sets; inheriting them would break it.
 pub const RESERVED_VARS: &[&str] = &["PATH", "HOME", "TMPDIR", "PWD", "USER", "LOGNAME"];
 
+/// A path inside the project: relative, without `..`; a trailing `/` names
+/// a directory and everything in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectPath(pub String);
+validated!(
+    ProjectPath(String),
+    "a path inside the project such as .tool/config.json, or a directory such as deploy/",
+    {"type": "string", "pattern": "^[^/]", "minLength": 1, "maxLength": 4096},
+    |v| {
+        let inner = v.trim_end_matches('/');
+        if v.starts_with('/') || inner.is_empty() {
+            Err(format!("{v:?} is not a path inside the project (write it relative to the project, e.g. deploy/keys)"))
+        } else if inner.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+            Err(format!("{v:?} must name a path inside the project plainly: no `.`, `..` or empty components"))
+        } else {
+            Ok(ProjectPath(v))
+        }
+    }
+);
+
 /// A code file name: one path component.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileName(pub String);

@@ -26,6 +26,8 @@
 
 mod admission;
 pub mod capture;
+mod child;
+pub mod nest;
 mod outcome;
 mod pidns;
 mod prestart;
@@ -168,6 +170,8 @@ struct Inner {
     pool: Arc<Pool>,
     /// Serves every sandbox that has network.
     proxy: Proxy,
+    /// Every sandbox starts in the nest, when the host allows one; else why not.
+    nest: Result<nest::Nest, String>,
 }
 
 impl Executor {
@@ -180,6 +184,17 @@ impl Executor {
         bounds: Bounds,
         proxy: Proxy,
     ) -> Executor {
+        let nest = if std::env::var_os(NO_NEST_VAR).is_some_and(|v| v == "off") {
+            Err(format!("{NO_NEST_VAR}=off"))
+        } else {
+            nest::Nest::start(&platform.stage_dir).and_then(|n| {
+                n.probe(platform.run_as, &nest::StageSpec::scratch())
+                    .map(|()| n)
+            })
+        };
+        if let Err(e) = &nest {
+            tracing::warn!("sandboxes start without the nest: {e}");
+        }
         let executor = Executor {
             inner: Arc::new(Inner {
                 platform,
@@ -189,6 +204,7 @@ impl Executor {
                 budget: Budget::new(bounds.memory_budget_mib),
                 pool: Arc::new(Pool::new(bounds.prestart)),
                 proxy,
+                nest,
             }),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -247,12 +263,42 @@ impl Executor {
     }
 
     fn recipe(&self, ingredients: Ingredients) -> Result<Recipe, ExecError> {
+        let stage_root = self
+            .inner
+            .nest
+            .as_ref()
+            .ok()
+            .map(|_| self.inner.platform.stage_dir.as_path());
         Recipe::new(
             &self.inner.platform.layout,
             &self.inner.enforcer,
             &self.inner.seccomp,
+            stage_root,
             ingredients,
         )
+    }
+
+    /// Whether sandboxes start in the nest, or why they do not.
+    pub fn nest(&self) -> Result<(), &str> {
+        self.inner.nest.as_ref().map(|_| ()).map_err(|e| e.as_str())
+    }
+
+    /// Whether the nest can show `project` through overlayfs (it stages a
+    /// sandbox's view of it, for a program that exits at once), or why not.
+    pub fn probe_overlay(&self, project: &std::path::Path) -> Result<(), String> {
+        let nest = self
+            .inner
+            .nest
+            .as_ref()
+            .map_err(|e| format!("no nest ({e})"))?;
+        let spec = nest::StageSpec {
+            project: Some(nest::ProjectSpec {
+                host_path: project.to_path_buf(),
+                writable: true,
+            }),
+            ..nest::StageSpec::scratch()
+        };
+        nest.probe(self.inner.platform.run_as, &spec)
     }
 
     /// Runs one call to completion (or timeout, limit, cancellation).
@@ -332,6 +378,7 @@ impl Executor {
         let duration = start.elapsed();
         let counted = sandbox.call_usage();
         let network = sandbox.network_report();
+        let upper = sandbox.upper_layer().map(Arc::new);
         // Without a cgroup that counts, the kernel's own account, which the
         // sandbox's init holds (bubblewrap does not wait for it).
         let init_usage = match counted.cpu {
@@ -379,6 +426,7 @@ impl Executor {
             limits_reached: Vec::new(),
             usage,
             network,
+            upper,
         };
         attribute_limits(&mut outcome, ours, fired);
         Ok(outcome)
@@ -514,9 +562,19 @@ impl Executor {
 
 impl Inner {
     fn spawn(&self, recipe: &Recipe, extra: Vec<OwnedFd>) -> std::io::Result<spawn::Spawned> {
-        spawn::spawn(&self.platform, &self.enforcer, recipe, extra)
+        spawn::spawn(
+            &self.platform,
+            &self.enforcer,
+            self.nest.as_ref().ok(),
+            recipe,
+            extra,
+        )
     }
 }
+
+/// Set to `off`, sandboxes start without the nest (for troubleshooting, and
+/// to test the fallback).
+pub const NO_NEST_VAR: &str = "NIX_SANDBOX_NEST";
 
 /// Writes `code` into a prepared sandbox's code file (large code off the
 /// runtime's threads).

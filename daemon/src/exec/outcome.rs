@@ -2,7 +2,9 @@
 //! program saw it, the captured output, and which limit fired, decided from
 //! what the supervisor saw and what the kernel counted.
 
+use std::os::fd::OwnedFd;
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::capture::Captured;
@@ -54,6 +56,9 @@ pub struct Outcome {
     pub usage: Usage,
     /// What the sandbox did through the proxy, when it had network.
     pub network: Option<NetworkReport>,
+    /// The project's overlay upper layer as the run left it (its changes),
+    /// when the project was an overlay: the descriptor keeps it readable.
+    pub upper: Option<Arc<OwnedFd>>,
 }
 
 impl Outcome {
@@ -124,6 +129,7 @@ mod tests {
             limits_reached: vec![],
             usage: Usage::default(),
             network: None,
+            upper: None,
         }
     }
 

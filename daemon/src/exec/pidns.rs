@@ -87,3 +87,36 @@ pub(super) fn usage(init: i32) -> (Duration, u64) {
         peak_kib * 1024,
     )
 }
+
+/// The host pid of the child of `parent` (a host pid) that the pid
+/// namespace one level below the host's knows as `inner`: bubblewrap
+/// started in the nest names its sandbox's init that way.
+pub(super) fn child_known_as(parent: i32, inner: i32) -> Option<i32> {
+    let matches = |pid: i32| {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>())
+        };
+        let ppid = field("PPid:")?.first()?.parse::<i32>().ok()?;
+        let nspid = field("NSpid:")?;
+        (ppid == parent && nspid.get(1)?.parse::<i32>().ok()? == inner).then_some(pid)
+    };
+    // The kernel's list of children, where it keeps one; else the pids just
+    // after the parent's (where a new child usually is), else all of them.
+    if let Ok(children) = fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")) {
+        return children
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .find_map(matches);
+    }
+    (parent + 1..parent + 64).find_map(matches).or_else(|| {
+        fs::read_dir("/proc")
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find_map(matches)
+    })
+}

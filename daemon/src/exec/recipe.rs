@@ -11,8 +11,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::ExecError;
+use super::nest::{ProjectSpec, StageSpec};
 use crate::environment::Environment;
-use crate::jail::{self, Call, HostLayout, ProjectMount};
+use crate::jail::{self, Call, HostLayout, ProjectAccess, ProjectMount};
 use crate::limits::{Enforcer, Rlimit};
 use crate::seccomp::{self, Programs};
 
@@ -26,6 +27,7 @@ pub(super) struct RecipeKey {
     init_rlimits: Vec<(u32, u64)>,
     memory_bytes: u64,
     pids: u64,
+    stage: Option<StageSpec>,
 }
 
 /// Everything needed to prepare a sandbox for one kind of call.
@@ -45,6 +47,10 @@ pub(super) struct Recipe {
     pub(super) workdir: Option<String>,
     /// What the sandbox may reach through the proxy, when it has network.
     pub(super) network: Option<Arc<crate::network::Policy>>,
+    /// What the nest stages for it, when the nest stages sandboxes.
+    pub(super) stage: Option<StageSpec>,
+    /// A read-write project's protected paths that exist (see `jail`).
+    pub(super) protected: Vec<String>,
 }
 
 /// Compiled seccomp programs, once per distinct allow-list.
@@ -80,10 +86,12 @@ pub(super) struct Ingredients<'a> {
 }
 
 impl Recipe {
+    /// `stage_root` is where the nest stages sandboxes, when it does.
     pub(super) fn new(
         layout: &HostLayout,
         enforcer: &Enforcer,
         seccomp: &SeccompCache,
+        stage_root: Option<&Path>,
         i: Ingredients,
     ) -> Result<Recipe, ExecError> {
         let programs = seccomp
@@ -92,6 +100,7 @@ impl Recipe {
         let rlimits = enforcer.rlimits(&i.env.limits);
         let init_rlimits = enforcer.init_rlimits(&i.env.limits);
         let pairs = |rs: &[Rlimit]| rs.iter().map(|r| (r.resource as u32, r.value)).collect();
+        let protected = existing_protected(i.project);
         let placeholder = Call {
             env: i.env,
             project: i.project,
@@ -101,7 +110,20 @@ impl Recipe {
             status_fd: Some(0),
             inherited: i.inherited,
             workdir: i.workdir.as_deref(),
+            staged: stage_root,
+            protected: &protected,
         };
+        let stage = stage_root.map(|_| StageSpec {
+            size_bytes: i.env.limits.workspace_bytes,
+            files: i.env.limits.workspace_files,
+            project: i
+                .project
+                .filter(|p| p.overlay && p.access != ProjectAccess::ReadWrite)
+                .map(|p| ProjectSpec {
+                    host_path: p.host_path.clone(),
+                    writable: p.access == ProjectAccess::Overlay,
+                }),
+        });
         let mut command = i.command.unwrap_or_else(|| i.env.command_for(&i.code_path));
         command.extend(i.extra_args);
         Ok(Recipe {
@@ -113,6 +135,7 @@ impl Recipe {
                 init_rlimits: pairs(&init_rlimits),
                 memory_bytes: i.env.limits.memory_bytes,
                 pids: i.env.limits.pids,
+                stage: stage.clone(),
             },
             env: i.env.clone(),
             project: i.project.cloned(),
@@ -123,8 +146,29 @@ impl Recipe {
             code_path: i.code_path,
             workdir: i.workdir,
             network: i.env.network.policy().cloned().map(Arc::new),
+            stage,
+            protected,
         })
     }
+}
+
+/// The protected paths of a read-write project that exist on the host as
+/// files or directories (a symlink is not followed: binding its target
+/// could show the sandbox a host file).
+fn existing_protected(project: Option<&ProjectMount>) -> Vec<String> {
+    let Some(p) = project.filter(|p| p.access == ProjectAccess::ReadWrite) else {
+        return Vec::new();
+    };
+    p.protected
+        .iter()
+        .filter(|rel| {
+            p.host_path
+                .join(rel.trim_end_matches('/'))
+                .symlink_metadata()
+                .is_ok_and(|m| m.is_file() || m.is_dir())
+        })
+        .cloned()
+        .collect()
 }
 
 /// bubblewrap's `--args` format.

@@ -43,6 +43,9 @@ pub(super) struct Prepared {
     /// For a sandbox with network: the proxy's listener, on the sandbox's
     /// own loopback (its network namespace), not yet served.
     pub(super) proxy_listener: Option<std::net::TcpListener>,
+    /// The root of its staged tmpfs (see `nest`), which this descriptor
+    /// keeps readable, the project's changes with it, until dropped.
+    pub(super) staged: Option<OwnedFd>,
 }
 
 impl Prepared {
@@ -96,6 +99,7 @@ impl Prepared {
             status: self.status,
             control,
             _code: self.code,
+            staged: self.staged,
         };
         // A failed write means bubblewrap is gone, which its exit explains.
         let _ = rustix::io::write(&self.block, b"x");
@@ -140,6 +144,8 @@ pub struct Sandbox {
     pub(super) stderr: Channel,
     pub(super) control: Option<Control>,
     _code: tempfile::NamedTempFile,
+    /// See [`Prepared::staged`].
+    staged: Option<OwnedFd>,
 }
 
 /// How a sandbox's processes were stopped between calls.
@@ -170,6 +176,22 @@ impl Sandbox {
             super::pidns::signal_all(init.pid(), rustix::process::Signal::STOP);
             self.paused = Some(Pause::Stopped);
         }
+    }
+
+    /// A descriptor on the project's overlay upper layer (its changes),
+    /// when the project is a writable overlay.
+    pub fn upper_layer(&self) -> Option<OwnedFd> {
+        let root = self.staged.as_ref()?;
+        rustix::fs::openat(
+            root,
+            super::nest::stage::UPPER,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()
     }
 
     /// Lets a paused sandbox run again.

@@ -21,6 +21,8 @@ use std::time::Duration;
 use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
 use tokio::io::unix::AsyncFd;
 
+use super::child::ChildPlan;
+use super::nest::{Nest, Reaped, Reported};
 use super::recipe::{Recipe, nul_separated};
 use super::sandbox::Prepared;
 use super::status::Status;
@@ -44,6 +46,9 @@ pub(super) struct Spawned {
     options: OwnedFd,
     seccomp: [OwnedFd; 2],
     options_data: Vec<u8>,
+    staged: Option<OwnedFd>,
+    /// In the nest: what its init reaped (the sandbox's init ends up there).
+    reaped: Option<Arc<Reaped>>,
 }
 
 /// Starts bubblewrap for `recipe`, passing `extra` descriptors on to the
@@ -53,6 +58,7 @@ pub(super) struct Spawned {
 pub(super) fn spawn(
     platform: &Platform,
     enforcer: &Enforcer,
+    nest: Option<&Nest>,
     recipe: &Recipe,
     extra: Vec<OwnedFd>,
 ) -> io::Result<Spawned> {
@@ -75,6 +81,15 @@ pub(super) fn spawn(
         status_fd: Some(status_w.as_raw_fd()),
         inherited: &recipe.inherited,
         workdir: recipe.workdir.as_deref(),
+        staged: nest.map(|_| platform.stage_dir.as_path()),
+        protected: &recipe.protected,
+    };
+    let (entry, receipt) = match nest {
+        Some(n) => {
+            let (entry, receipt) = n.entry(recipe.stage.as_ref(), platform.run_as)?;
+            (Some(entry), Some(receipt))
+        }
+        None => (None, None),
     };
     let options_data = nul_separated(jail::bwrap_options(&platform.layout, &call));
     let options_fd = options_r.as_raw_fd();
@@ -92,6 +107,7 @@ pub(super) fn spawn(
                 .collect(),
         ),
         run_as: platform.run_as,
+        nest: entry,
         parent: rustix::process::getpid(),
     };
     let mut cmd = std::process::Command::new(&platform.bwrap);
@@ -104,20 +120,54 @@ pub(super) fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    // SAFETY: the closure runs between fork and exec in the child. `apply`
-    // makes only async-signal-safe system calls on data prepared before the
-    // fork, and does not allocate, lock, or touch the parent's threads.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || plan.apply());
-    }
-    let mut child = cmd.spawn()?;
+    plan.install(&mut cmd);
+    let spawned = cmd.spawn();
+    // The child's end of the reports closes with the command.
+    drop(cmd);
+    let (mut child, reported) = match receipt {
+        None => (spawned?, None),
+        Some(receipt) => {
+            let reported = receipt.collect(spawned.as_ref().ok().map(|c| c.id()));
+            match spawned {
+                Ok(child) => (child, Some(reported)),
+                Err(e) => {
+                    kill_and_reap(reported.bubblewrap);
+                    let why = match reported.staged {
+                        Some(Err(why)) => format!("{why}: {e}"),
+                        _ => e.to_string(),
+                    };
+                    return Err(io::Error::new(e.kind(), why));
+                }
+            }
+        }
+    };
     let stdout = OwnedFd::from(child.stdout.take().expect("piped"));
     let stderr = OwnedFd::from(child.stderr.take().expect("piped"));
-    let process = match Process::adopt(child.id()) {
+    // In the nest, bubblewrap is not the process spawned (that one has
+    // exited) but the one it forked for us.
+    let (pid, staged) = match reported {
+        None => (Some(child.id() as i32), None),
+        Some(Reported {
+            bubblewrap: Some(pid),
+            staged: Some(Ok(fd)),
+        }) => (Some(pid), Some(fd)),
+        Some(Reported {
+            bubblewrap: Some(pid),
+            staged: None,
+        }) if recipe.stage.is_none() => (Some(pid), None),
+        Some(r) => {
+            kill_and_reap(r.bubblewrap);
+            return Err(io::Error::other(match r.staged {
+                Some(Err(why)) => why,
+                _ => "bubblewrap did not start in the nest".to_string(),
+            }));
+        }
+    };
+    let pid = pid.unwrap_or_default() as u32;
+    let process = match Process::adopt(pid) {
         Ok(p) => p,
         Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(Some(pid as i32));
             return Err(e);
         }
     };
@@ -132,7 +182,17 @@ pub(super) fn spawn(
         options: options_w,
         seccomp: [sc0_w, sc1_w],
         options_data,
+        staged,
+        reaped: nest.map(|n| n.reaped().clone()),
     })
+}
+
+/// Kills and reaps a child the daemon could not take charge of.
+fn kill_and_reap(pid: Option<i32>) {
+    if let Some(pid) = pid.and_then(Pid::from_raw) {
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
+        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+    }
 }
 
 impl Spawned {
@@ -154,18 +214,31 @@ impl Spawned {
             let _ = std::fs::File::from(fd).write_all(program);
         }
         let mut status = Status::new(self.status);
-        let init = status
-            .wait_for_init(INIT_LIMIT)
-            .and_then(|pid| watch_child_of(pid, &mut self.process).map(|w| (pid, w)));
+        let bubblewrap = self.process.pid() as i32;
+        let init = status.wait_for_init(INIT_LIMIT).and_then(|named| {
+            // In the nest bubblewrap names it in the nest's pid namespace.
+            let (pid, nest) = match &self.reaped {
+                Some(reaped) => (
+                    super::pidns::child_known_as(bubblewrap, named)?,
+                    Some((named, reaped.clone())),
+                ),
+                None => (named, None),
+            };
+            watch_child_of(pid, &mut self.process, nest).map(|w| (pid, w))
+        });
         // No init: bubblewrap failed to set the sandbox up, which the run reports.
         let mut listener = None;
         let init = match init {
             Some((pid, watched)) => {
                 limit_init(pid, &recipe.init_rlimits, run_as)?;
                 if recipe.env.network.policy().is_some() {
+                    // The nest's owner has every capability in the
+                    // sandboxes' namespaces; without the nest, bubblewrap's
+                    // identity owns them.
+                    let joiner = if self.reaped.is_some() { None } else { run_as };
                     listener = Some(crate::network::listen_in(
                         pid,
-                        run_as,
+                        joiner,
                         crate::network::PROXY_PORT,
                     )?);
                 }
@@ -184,6 +257,7 @@ impl Spawned {
             stderr: self.stderr,
             reservation: None,
             proxy_listener: listener,
+            staged: self.staged,
         })
     }
 }
@@ -245,8 +319,13 @@ fn as_sandbox_user(uid: u32, gid: u32, f: impl FnOnce() -> io::Result<()>) -> io
 /// A pidfd on `pid`, provided it is the sandbox init that `parent`
 /// (bubblewrap, alive) started: a pid read from a pipe could otherwise name
 /// a process that has since been reaped and replaced.
-fn watch_child_of(pid: i32, parent: &mut Process) -> Option<Watched> {
-    let watched = Watched::open(pid).ok()?;
+fn watch_child_of(
+    pid: i32,
+    parent: &mut Process,
+    nest: Option<(i32, Arc<Reaped>)>,
+) -> Option<Watched> {
+    let mut watched = Watched::open(pid).ok()?;
+    watched.nest = nest;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may contain spaces: parse after it.
     let ppid: u32 = stat
@@ -329,83 +408,6 @@ fn reap_pidfd_with_usage(pidfd: &OwnedFd) -> Result<Option<(Duration, u64)>, rus
         time(usage.ru_utime) + time(usage.ru_stime),
         (usage.ru_maxrss as u64) * 1024,
     )))
-}
-
-/// Everything the child does between fork and exec, prepared in the parent.
-struct ChildPlan {
-    rlimits: Vec<Rlimit>,
-    /// The daemon's hard limits, read before the fork: the child must not allocate.
-    hard: Vec<Option<u64>>,
-    /// Descriptors bubblewrap must inherit (their close-on-exec flag is cleared).
-    inherit: Arc<Vec<OwnedFd>>,
-    run_as: Option<(u32, u32)>,
-    /// The daemon: bubblewrap must not outlive it.
-    parent: Pid,
-}
-
-impl ChildPlan {
-    /// Runs in the forked child: set the rlimits, give up root if we have it,
-    /// and pass bubblewrap exactly the descriptors it needs (any the daemon
-    /// itself inherited stay out of the sandbox). Only system calls.
-    fn apply(&self) -> io::Result<()> {
-        use rustix::process::{Resource, setrlimit};
-        for (r, hard) in self.rlimits.iter().zip(&self.hard) {
-            let cap = |v: u64| hard.map_or(v, |h| v.min(h));
-            // CPU: the soft limit sends SIGXCPU (reported as "cpu"); the hard
-            // limit, a little later, SIGKILL for programs that ignore it.
-            let max = if r.resource == Resource::Cpu {
-                r.value + 2
-            } else {
-                r.value
-            };
-            let limit = rustix::process::Rlimit {
-                current: Some(cap(r.value)),
-                maximum: Some(cap(max)),
-            };
-            setrlimit(r.resource, limit)?;
-        }
-        if let Some((uid, gid)) = self.run_as {
-            let gid = rustix::process::Gid::from_raw(gid);
-            rustix::thread::set_thread_groups(&[])?;
-            rustix::thread::set_thread_res_gid(gid, gid, gid)?;
-            let uid = rustix::process::Uid::from_raw(uid);
-            rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-        }
-        // Until bubblewrap has read its options (and set its own parent-death
-        // signal) nothing else would kill it if the daemon died. Set after
-        // the identity switch, which clears it; the check catches a daemon
-        // that died before.
-        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-        if rustix::process::getppid() != Some(self.parent) {
-            return Err(io::Error::other("the daemon is gone"));
-        }
-        close_inherited_descriptors();
-        for fd in self.inherit.iter() {
-            rustix::io::fcntl_setfd(fd.as_fd(), rustix::io::FdFlags::empty())?;
-        }
-        Ok(())
-    }
-}
-
-/// Marks every descriptor above stderr close-on-exec.
-fn close_inherited_descriptors() {
-    // SAFETY: close_range only changes descriptor flags; it touches no memory.
-    // Called in the forked child before exec, where it is async-signal-safe.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    if r != 0 {
-        // Kernels before 5.11: walk the usual range instead.
-        for fd in 3..4096 {
-            // SAFETY: fcntl on a possibly-closed descriptor fails harmlessly.
-            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-        }
-    }
 }
 
 /// How a reaped process ended and what it used.
@@ -507,6 +509,9 @@ impl Drop for Process {
 pub struct Watched {
     pid: i32,
     pidfd: OwnedFd,
+    /// In the nest: its pid there, and the nest's reports, since the nest's
+    /// init, not the daemon, reaps it once bubblewrap is gone.
+    nest: Option<(i32, Arc<Reaped>)>,
 }
 
 impl Watched {
@@ -517,6 +522,7 @@ impl Watched {
         Ok(Watched {
             pid: pid.as_raw_nonzero().get(),
             pidfd: rustix::process::pidfd_open(pid, PidfdFlags::NONBLOCK)?,
+            nest: None,
         })
     }
 
@@ -525,6 +531,13 @@ impl Watched {
     /// of it and the children it waited for. `None` when it is not ours to
     /// reap (its parent reaped it, or the daemon is not its subreaper).
     pub async fn reap_with_usage(&self, within: Duration) -> Option<(Duration, u64)> {
+        if let Some((nest_pid, reaped)) = &self.nest {
+            let (nest_pid, reaped) = (*nest_pid, reaped.clone());
+            return tokio::task::spawn_blocking(move || reaped.take(nest_pid, within))
+                .await
+                .ok()
+                .flatten();
+        }
         let deadline = tokio::time::Instant::now() + within;
         loop {
             match reap_pidfd_with_usage(&self.pidfd) {

@@ -1,5 +1,5 @@
 //! bubblewrap's status protocol (`--json-status-fd`): one JSON document per
-//! line. The first names the sandbox's init (`child-pid`, a host pid); a
+//! line. The first names the sandbox's init (`child-pid`, in bubblewrap's pid namespace); a
 //! later one carries the program's `exit-code`, and is written only when the
 //! sandbox was set up and the program ran. That difference tells bubblewrap's
 //! own failures from the program's.
@@ -37,7 +37,8 @@ impl Status {
         &self.text
     }
 
-    /// The host pid of the sandbox's init, waiting up to `limit` for
+    /// The pid of the sandbox's init as bubblewrap's pid namespace knows it
+    /// (the host's, or the nest's), waiting up to `limit` for
     /// bubblewrap to report it. `None` when bubblewrap ended (or failed)
     /// before creating the sandbox. Blocking.
     pub(super) fn wait_for_init(&mut self, limit: Duration) -> Option<i32> {

@@ -261,6 +261,7 @@ impl SandboxServer {
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
         let live = Arc::new(progress::Live::default());
         let reporter = progress.map(|p| p.report(&live, env.limits.timeout));
+        let absent = self.absent_protected();
         let outcome = self
             .shared
             .executor
@@ -285,7 +286,11 @@ impl SandboxServer {
         cancel.cancel();
         match outcome {
             Ok(o) => {
-                let r = result::run_result(&env.name, &o, &env.limits, None);
+                let title = format!("command {}", inv.command);
+                let note = self
+                    .project_note(o.upper.clone(), absent, title, None)
+                    .await;
+                let r = result::run_result(&env.name, &o, &env.limits, None, note.as_ref());
                 let error = result::run_error(&o, &env.limits);
                 self.audit_command(
                     "run",

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ProgressToken, ProtocolVersion, ServerCapabilities,
-    ServerConfig, Tool,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressToken, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
@@ -28,7 +28,9 @@ use crate::registry::Registry;
 use crate::sessions::{SessionError, SessionOutcome, Sessions, Start};
 
 mod commands;
+mod job_result;
 mod progress;
+mod project;
 pub mod result;
 pub mod tool;
 
@@ -65,6 +67,8 @@ pub struct SandboxServer {
     output_bytes: usize,
     /// Set once the client is initialized and the project file is watched.
     watching: Arc<std::sync::OnceLock<()>>,
+    /// The patches of the project's changes, and what sessions last reported.
+    ledger: Arc<project::Ledger>,
 }
 
 /// Where a call reports progress, when the client asked for it.
@@ -114,6 +118,7 @@ impl SandboxServer {
             instructions: Arc::new(instructions),
             output_bytes,
             watching: Arc::default(),
+            ledger: Arc::default(),
         }
     }
 
@@ -126,9 +131,15 @@ impl SandboxServer {
             return tools;
         }
         tools[0] = tool::with_commands(tools[0].clone(), &catalog);
-        tools.extend(catalog.offered.iter().map(tool::command_tool));
+        let project = self.shared.project.as_ref();
+        tools.extend(
+            catalog
+                .offered
+                .iter()
+                .map(|o| tool::command_tool(o, project)),
+        );
         if catalog.any_confirm() {
-            tools.push(tool::confirm_tool(&catalog));
+            tools.push(tool::confirm_tool(&catalog, project));
         }
         tools
     }
@@ -209,6 +220,7 @@ impl SandboxServer {
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
         let live = Arc::new(progress::Live::default());
         let reporter = progress.map(|p| p.report(&live, env.limits.timeout));
+        let absent = self.absent_protected();
         let outcome = match session {
             None => self
                 .shared
@@ -245,8 +257,21 @@ impl SandboxServer {
         cancel.cancel();
         let kind = if session.is_some() { "session" } else { "run" };
         self.audit(env, code, kind, outcome.as_ref().map(|(o, _)| o));
+        let note = match &outcome {
+            Ok((o, started)) => {
+                let title = match session {
+                    Some(name) => format!("{} session {name:?}", env.name),
+                    None => format!("{} run", env.name),
+                };
+                let fresh = matches!(started, Some((Start::New | Start::Restarted(_), _)));
+                let session = session.map(|name| (name, fresh));
+                self.project_note(o.upper.clone(), absent, title, session)
+                    .await
+            }
+            Err(_) => None,
+        };
         match &outcome {
-            Ok((o, None)) => result::run_result(&env.name, o, &env.limits, None),
+            Ok((o, None)) => result::run_result(&env.name, o, &env.limits, None, note.as_ref()),
             Ok((o, Some((start, reset)))) => {
                 let (state, restarted_because) = match start {
                     Start::New => ("new", None),
@@ -254,13 +279,14 @@ impl SandboxServer {
                     Start::Restarted(why) => ("restarted", Some(why.as_str())),
                 };
                 let reset = reset.as_ref().map(|r| r.describe());
+                let project = note.clone();
                 let note = result::SessionNote {
                     name: session.unwrap_or_default(),
                     state,
                     restarted_because,
                     reset: reset.as_deref(),
                 };
-                result::run_result(&env.name, o, &env.limits, Some(&note))
+                result::run_result(&env.name, o, &env.limits, Some(&note), project.as_ref())
             }
             Err(e) => result::error_result(e),
         }
@@ -327,6 +353,7 @@ impl SandboxServer {
         let task_job = job.clone();
         tokio::spawn(async move {
             let observer: Arc<dyn Observer> = task_job.clone();
+            let absent = server.absent_protected();
             let outcome = server
                 .shared
                 .executor
@@ -339,13 +366,29 @@ impl SandboxServer {
                     observer: Some(observer),
                 })
                 .await;
-            match &outcome {
-                Ok(o) => server.audit(&job_env, &code, "job", Ok(o)),
-                Err(e) => server.audit(&job_env, &code, "job", Err(&exec_error(e))),
-            }
-            task_job.finish(outcome);
+            let note = match &outcome {
+                Ok(o) => {
+                    server.audit(&job_env, &code, "job", Ok(o));
+                    let title = format!("{} {}", job_env.name, task_job.id);
+                    server
+                        .project_note(o.upper.clone(), absent, title, None)
+                        .await
+                }
+                Err(e) => {
+                    server.audit(&job_env, &code, "job", Err(&exec_error(e)));
+                    None
+                }
+            };
+            task_job.finish(
+                outcome.map(|mut o| {
+                    // The changes are read: the layer need not be kept.
+                    o.upper = None;
+                    o
+                }),
+                note,
+            );
         });
-        Ok(result::job_started(&job))
+        Ok(job_result::job_started(&job))
     }
 
     /// Handles a `job` call.
@@ -364,7 +407,7 @@ impl SandboxServer {
                 JOB_SHAPE,
             )?;
             let Some(id) = args.string("id")? else {
-                return Ok(result::job_list(&self.shared.jobs.list()));
+                return Ok(job_result::job_list(&self.shared.jobs.list()));
             };
             let job = self.shared.jobs.get(&id).ok_or_else(|| {
                 let known: Vec<String> = self
@@ -415,7 +458,7 @@ impl SandboxServer {
                 args.offset("stderr_offset")?,
                 self.output_bytes,
             );
-            Ok(result::job_status(&job, &stdout, &stderr))
+            Ok(job_result::job_status(&job, &stdout, &stderr))
         }
         .await;
         result.unwrap_or_else(|e| result::error_result(&e))
@@ -593,7 +636,10 @@ pub fn either_cancelled(a: &CancellationToken, b: &CancellationToken) -> Cancell
 
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
-        let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+        let mut capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .build();
         if self.shared.commands.project_file().is_some()
             && let Some(tools) = capabilities.tools.as_mut()
         {
@@ -658,6 +704,22 @@ impl ServerHandler for SandboxServer {
                 }
             }
         }
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(project::list(&self.ledger))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        project::read(&self.ledger, &request.uri).map(Into::into)
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

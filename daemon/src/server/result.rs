@@ -5,9 +5,9 @@
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Map, Value, json};
 
+use crate::changes::Note;
 use crate::environment::Limits;
 use crate::exec::{LimitKind, Outcome};
-use crate::jobs::{Chunk, Ending, Job, State};
 
 /// Stable, machine-readable error codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,11 +88,11 @@ impl ToolError {
         }
     }
 
-    fn to_json(&self) -> Value {
+    pub(super) fn to_json(&self) -> Value {
         json!({"code": self.code.as_str(), "message": self.message, "suggestion": self.suggestion})
     }
 
-    fn to_text(&self) -> String {
+    pub(super) fn to_text(&self) -> String {
         format!(
             "error[{}]: {}\nnext: {}",
             self.code.as_str(),
@@ -105,10 +105,11 @@ impl ToolError {
 /// The output schema of `run`: one shape for every result, success or error.
 /// Fields that do not apply (an exit code after a kill, a signal after a normal
 /// exit) are left out rather than null, which keeps the schema small.
-/// `network` and `sessions` say whether the tool can report a network
-/// allowance and a session; the properties it cannot return are left out,
-/// each costing the agent's context a few tokens.
-pub fn output_schema(network: bool, sessions: bool) -> Map<String, Value> {
+/// `network`, `sessions` and `changes` say whether the tool can report a
+/// network allowance, a session and changes to the project; the properties
+/// it cannot return are left out, each costing the agent's context a few
+/// tokens.
+pub fn output_schema(network: bool, sessions: bool, changes: bool) -> Map<String, Value> {
     let t = |ty: &str| json!({"type": ty});
     let mut schema = json!({
         "type": "object",
@@ -139,6 +140,9 @@ pub fn output_schema(network: bool, sessions: bool) -> Map<String, Value> {
     if sessions {
         schema["properties"]["session"] = t("object");
     }
+    if changes {
+        schema["properties"]["changes"] = t("object");
+    }
     match schema {
         Value::Object(m) => m,
         _ => unreachable!("schema literal is an object"),
@@ -147,8 +151,8 @@ pub fn output_schema(network: bool, sessions: bool) -> Map<String, Value> {
 
 /// The output schema of a declared command's tool and of `confirm`: the
 /// run's, and the confirmation a call may wait for.
-pub fn command_output_schema(network: bool) -> Map<String, Value> {
-    let mut schema = output_schema(network, false);
+pub fn command_output_schema(network: bool, changes: bool) -> Map<String, Value> {
+    let mut schema = output_schema(network, false, changes);
     schema["properties"]["confirmation"] = json!({"type": "object"});
     schema
 }
@@ -165,7 +169,7 @@ pub fn confirmation_required(err: &ToolError, confirmation: Value) -> CallToolRe
 
 /// A tool result: `structured` as the structured content, `text` as the one
 /// readable block, flagged as an error when `is_error`.
-fn tool_result(structured: Value, text: String, is_error: bool) -> CallToolResult {
+pub(super) fn tool_result(structured: Value, text: String, is_error: bool) -> CallToolResult {
     let mut r = if is_error {
         CallToolResult::structured_error(structured)
     } else {
@@ -303,11 +307,13 @@ impl SessionNote<'_> {
 }
 
 /// The result of a finished run (in a session when `session` is given).
+/// `project` is what it did to the project, when anything.
 pub fn run_result(
     env: &str,
     o: &Outcome,
     limits: &Limits,
     session: Option<&SessionNote>,
+    project: Option<&Note>,
 ) -> CallToolResult {
     let err = run_error(o, limits);
     let mut v = json!({
@@ -338,13 +344,21 @@ pub fn run_result(
     if let Some(s) = session {
         v["session"] = s.to_json();
     }
-    let text = run_text(env, o, err.as_ref(), session);
-    tool_result(v, text, err.is_some())
+    let mut text = run_text(env, o, err.as_ref(), session);
+    let mut link = None;
+    if let Some(note) = project {
+        v["changes"] = super::project::to_json(note);
+        text = format!("{text}\n{}", super::project::to_text(note).trim_end());
+        link = super::project::link(note);
+    }
+    let mut r = tool_result(v, text, err.is_some());
+    r.content.extend(link);
+    r
 }
 
 /// What went through the proxy: the hosts refused (for the agent to ask the
 /// user about), and the whole record when there was any traffic.
-fn add_network(v: &mut Value, o: &Outcome) {
+pub(super) fn add_network(v: &mut Value, o: &Outcome) {
     let Some(report) = &o.network else {
         return;
     };
@@ -379,7 +393,7 @@ fn network_text(o: &Outcome) -> String {
 }
 
 /// CPU time and peak memory, where they were counted.
-fn add_usage(v: &mut Value, o: &Outcome) {
+pub(super) fn add_usage(v: &mut Value, o: &Outcome) {
     if let Some(cpu) = o.usage.cpu {
         v["cpu_ms"] = json!(cpu.as_millis() as u64);
     }
@@ -456,149 +470,6 @@ fn run_text(
     t.trim_end().to_string()
 }
 
-/// The result of `run` with `background`: the job's id, at once.
-pub fn job_started(job: &Job) -> CallToolResult {
-    let v = json!({"ok": true, "env": job.env, "job": job.id, "state": job.state().as_str()});
-    let text = format!(
-        "[{}] started {} (time limit {} s). Read it with job(id=\"{}\", wait_seconds=30); stop it with job(id=\"{}\", kill=true).",
-        job.env,
-        job.id,
-        job.limits.timeout.as_secs(),
-        job.id,
-        job.id
-    );
-    tool_result(v, text, false)
-}
-
-/// The result of `job` without an id: every job and its state.
-pub fn job_list(jobs: &[std::sync::Arc<Job>]) -> CallToolResult {
-    let entries: Vec<Value> = jobs
-        .iter()
-        .map(|j| {
-            let mut e = json!({"job": j.id, "env": j.env, "state": j.state().as_str(), "age_s": j.created.elapsed().as_secs()});
-            if let Some(Ending::Ran(o)) = j.ending() {
-                e["exit_code"] = json!(o.exit_code);
-            }
-            e
-        })
-        .collect();
-    let text = if jobs.is_empty() {
-        "no jobs; start one with run(background=true)".to_string()
-    } else {
-        jobs.iter()
-            .map(|j| {
-                let exit = match j.ending() {
-                    Some(Ending::Ran(o)) => o
-                        .exit_code
-                        .map(|c| format!(", exit {c}"))
-                        .unwrap_or_default(),
-                    Some(Ending::Failed(_)) => ", failed to start".to_string(),
-                    None => String::new(),
-                };
-                format!(
-                    "{} [{}] {}{exit}, {} s ago",
-                    j.id,
-                    j.env,
-                    j.state().as_str(),
-                    j.created.elapsed().as_secs()
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    tool_result(json!({"ok": true, "jobs": entries}), text, false)
-}
-
-/// The result of `job` with an id: its state, its new output, and once it
-/// has finished, how it ended (an error result when it failed, as for `run`).
-pub fn job_status(job: &Job, stdout: &Chunk, stderr: &Chunk) -> CallToolResult {
-    let state = job.state();
-    let mut v = json!({
-        "ok": true,
-        "job": job.id,
-        "env": job.env,
-        "state": state.as_str(),
-        "stdout": stdout.output.text,
-        "stderr": stderr.output.text,
-        "stdout_offset": stdout.next_offset,
-        "stderr_offset": stderr.next_offset,
-        "stdout_dropped_bytes": stdout.output.dropped_bytes + stdout.lost_bytes,
-        "stderr_dropped_bytes": stderr.output.dropped_bytes + stderr.lost_bytes,
-    });
-    let mut err = None;
-    if state == State::Finished {
-        match job.ending() {
-            Some(Ending::Ran(o)) => {
-                v["duration_ms"] = json!(o.duration.as_millis() as u64);
-                v["timed_out"] = json!(o.timed_out);
-                v["limits_reached"] = json!(
-                    o.limits_reached
-                        .iter()
-                        .map(|l| l.as_str())
-                        .collect::<Vec<_>>()
-                );
-                if let Some(c) = o.exit_code {
-                    v["exit_code"] = json!(c);
-                }
-                if let Some(s) = o.signal {
-                    v["signal"] = json!(signal_name(s));
-                }
-                if let Some(l) = o.limit {
-                    v["limit"] = json!(l.as_str());
-                }
-                add_usage(&mut v, &o);
-                add_network(&mut v, &o);
-                err = run_error(&o, &job.limits);
-            }
-            Some(Ending::Failed(message)) => {
-                err = Some(ToolError::new(
-                    ErrorCode::SandboxUnavailable,
-                    message,
-                    "Run it again; if it keeps failing, tell the user to run `nix-sandbox-mcp doctor`.",
-                ));
-            }
-            None => {}
-        }
-    }
-    let mut text = format!("[{}] {} {}", job.env, job.id, state.as_str());
-    if let Some(c) = v.get("exit_code") {
-        text.push_str(&format!(", exit {c}"));
-    }
-    if let Some(ms) = v.get("duration_ms") {
-        text.push_str(&format!(" in {ms} ms"));
-    }
-    text.push('\n');
-    for (name, chunk) in [("stdout", stdout), ("stderr", stderr)] {
-        if chunk.lost_bytes > 0 {
-            text.push_str(&format!(
-                "({} earlier bytes of {name} are no longer kept)\n",
-                chunk.lost_bytes
-            ));
-        }
-        if !chunk.output.text.is_empty() {
-            text.push_str(&format!("--- new {name} ---\n{}", chunk.output.text));
-            if !chunk.output.text.ends_with('\n') {
-                text.push('\n');
-            }
-        }
-    }
-    if stdout.output.text.is_empty() && stderr.output.text.is_empty() {
-        text.push_str("(no new output)\n");
-    }
-    if state != State::Finished {
-        text.push_str(&format!(
-            "next: job(id=\"{}\", wait_seconds=30) to wait and read more",
-            job.id
-        ));
-    }
-    if let Some(e) = &err {
-        v["ok"] = json!(false);
-        v["error"] = e.to_json();
-        text.push_str(&e.to_text());
-    }
-    tool_result(v, text.trim_end().to_string(), err.is_some())
-}
-
 pub fn signal_name(sig: i32) -> String {
     let name = match sig {
         libc::SIGHUP => "SIGHUP",
@@ -648,6 +519,7 @@ mod tests {
             limits_reached: limit.into_iter().collect(),
             usage: Default::default(),
             network: None,
+            upper: None,
         }
     }
 
@@ -658,13 +530,13 @@ mod tests {
     #[test]
     fn success_is_not_an_error_and_matches_schema_shape() {
         let l = Limits::resolve(Default::default());
-        let r = run_result("python", &outcome(Some(0), None, None), &l, None);
+        let r = run_result("python", &outcome(Some(0), None, None), &l, None, None);
         assert_eq!(r.is_error, Some(false));
         let s = structured(&r);
         assert_eq!(s["ok"], true);
         assert_eq!(s["exit_code"], 0);
         assert!(s.get("error").is_none());
-        let schema = output_schema(true, true);
+        let schema = output_schema(true, true, true);
         for key in s.as_object().unwrap().keys() {
             assert!(
                 schema["properties"].get(key).is_some(),
@@ -676,7 +548,7 @@ mod tests {
     #[test]
     fn nonzero_exit_is_an_error_with_code() {
         let l = Limits::resolve(Default::default());
-        let r = run_result("bash", &outcome(Some(3), None, None), &l, None);
+        let r = run_result("bash", &outcome(Some(3), None, None), &l, None, None);
         assert_eq!(r.is_error, Some(true));
         assert_eq!(structured(&r)["error"]["code"], "exit_nonzero");
         let text = match &r.content[0] {
@@ -699,7 +571,7 @@ mod tests {
             (LimitKind::Output, "output_limit"),
             (LimitKind::FileSize, "file_size_limit"),
         ] {
-            let r = run_result("x", &outcome(None, Some(9), Some(limit)), &l, None);
+            let r = run_result("x", &outcome(None, Some(9), Some(limit)), &l, None, None);
             assert_eq!(structured(&r)["error"]["code"], code);
             assert_eq!(structured(&r)["limit"], limit.as_str());
         }

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::commands::declaration::Danger;
 use crate::commands::{Catalog, Offered, params};
 use crate::environment::Environment;
-use crate::jail::ProjectMount;
+use crate::jail::{ProjectAccess, ProjectMount};
 
 pub const RUN: &str = "run";
 pub const JOB: &str = "job";
@@ -47,6 +47,7 @@ pub fn run_tool(
     .with_raw_output_schema(Arc::new(super::result::output_schema(
         any_network,
         sessions,
+        changes_reported(project),
     )))
     // Only the hints whose defaults would be wrong (destructive, open world).
     .with_annotations(
@@ -96,13 +97,14 @@ fn description(
     } else if !envs.iter().all(|e| e.network.policy().is_some()) {
         d.push_str("No network unless marked. ");
     }
-    match project {
-        Some(p) if p.writable => d.push_str(&format!(
-            "Project: {} (writable, changes are real). ",
-            p.mount_point
-        )),
-        Some(p) => d.push_str(&format!("Project: {} (read-only). ", p.mount_point)),
-        None => {}
+    if let Some(p) = project {
+        let how = match p.access {
+            ProjectAccess::Overlay => "a writable copy; changes come back as a patch",
+            ProjectAccess::ReadWrite => "writable, changes are real",
+            ProjectAccess::ReadOnly if p.downgraded => "read-only: no copy-on-write on this host",
+            ProjectAccess::ReadOnly => "read-only",
+        };
+        d.push_str(&format!("Project: {} ({how}). ", p.mount_point));
     }
     let fresh = if sessions {
         "empty each call unless session"
@@ -111,6 +113,12 @@ fn description(
     };
     d.push_str(&format!("Writable: /workspace (cwd, HOME; {fresh}). Output over {} KiB per stream is cut in the middle.", output_bytes / 1024));
     d
+}
+
+/// Whether results can report changes to the project (an overlay's, or
+/// protected files a read-write run created).
+pub fn changes_reported(project: Option<&ProjectMount>) -> bool {
+    project.is_some_and(|p| p.access != ProjectAccess::ReadOnly)
 }
 
 /// Whether any environment can hold a session (has a known interpreter).
@@ -156,7 +164,7 @@ pub fn with_commands(mut run: Tool, catalog: &Catalog) -> Tool {
 
 /// A declared command's tool: the author's description, an input schema
 /// from its parameters, the run's output schema, and hints from its danger.
-pub fn command_tool(offered: &Offered) -> Tool {
+pub fn command_tool(offered: &Offered, project: Option<&ProjectMount>) -> Tool {
     let c = &offered.command;
     let hints = match c.danger {
         Danger::Safe => ToolAnnotations::new().read_only(true).destructive(false),
@@ -169,12 +177,15 @@ pub fn command_tool(offered: &Offered) -> Tool {
         c.description.clone(),
         Arc::new(params::input_schema(&c.params)),
     )
-    .with_raw_output_schema(Arc::new(super::result::command_output_schema(network)))
+    .with_raw_output_schema(Arc::new(super::result::command_output_schema(
+        network,
+        changes_reported(project),
+    )))
     .with_annotations(hints.open_world(network))
 }
 
 /// The `confirm` tool, for clients that cannot ask their user themselves.
-pub fn confirm_tool(catalog: &Catalog) -> Tool {
+pub fn confirm_tool(catalog: &Catalog, project: Option<&ProjectMount>) -> Tool {
     let input = json!({
         "type": "object",
         "properties": {
@@ -193,7 +204,10 @@ pub fn confirm_tool(catalog: &Catalog) -> Tool {
         "Run a command that returned confirmation_required, once the user agreed: pass back its confirmation's token, command and arguments.",
         Arc::new(object(input)),
     )
-    .with_raw_output_schema(Arc::new(super::result::command_output_schema(open_world)))
+    .with_raw_output_schema(Arc::new(super::result::command_output_schema(
+        open_world,
+        changes_reported(project),
+    )))
     .with_annotations(
         ToolAnnotations::new()
             .read_only(false)
@@ -214,7 +228,7 @@ pub fn instructions(envs: &[Arc<Environment>]) -> String {
     if envs.iter().any(|e| e.name == "bash") {
         s.push_str("; bash for shell commands and the project's tools (tests, builds, git)");
     }
-    s.push_str(". Failures return isError with stdout, stderr and a suggestion. Longer work: run with background=true, then job.");
+    s.push_str(". Longer work: run with background=true, then job.");
     s
 }
 

@@ -388,6 +388,7 @@ async fn run_call(
     let fired = sandbox.fired();
     let usage = sandbox.call_usage();
     let network = sandbox.network_report();
+    let upper = sandbox.upper_layer().map(Arc::new);
     if !watched.end.sandbox_ended() {
         // Nothing the code left running may use the CPU until the next call.
         sandbox.pause();
@@ -415,6 +416,7 @@ async fn run_call(
         limits_reached: Vec::new(),
         usage,
         network,
+        upper,
     };
     attribute_limits(&mut outcome, ours, fired);
     let killed = |cause: String| {

@@ -1,0 +1,392 @@
+//! The nest: a user and pid namespace of the daemon's own, held by a small
+//! process (`holder.rs`) for the daemon's whole life. Every bubblewrap is
+//! started inside it, which gives two things the host alone does not:
+//!
+//! - **Nothing outlives the daemon.** The nest's init dies with the holder,
+//!   and the holder with the daemon, however the daemon ends (even killed
+//!   outright); the kernel then kills every process in the nest's pid
+//!   namespace, which is every sandbox, paused or not.
+//! - **Filesystems bubblewrap cannot make.** Holding every capability in
+//!   the nest's user namespace, the child that becomes bubblewrap stages
+//!   the sandbox's writable filesystems first (`stage.rs`): one tmpfs
+//!   bounded in size and in files for the scratch directories, and the
+//!   project through a copy-on-write overlay.
+//!
+//! Where the host refuses unprivileged user namespaces (a sysctl, or an
+//! AppArmor policy), or overlayfs in one (Linux before 5.11), the nest or
+//! the overlay is unavailable, and the daemon says so and falls back.
+
+pub mod holder;
+pub mod stage;
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use rustix::thread::LinkNameSpaceType;
+
+use super::child::ChildPlan;
+pub(super) use stage::Reported;
+pub use stage::{ProjectSpec, Spec as StageSpec};
+
+/// How long the holder may take to report that the nest exists.
+const START_LIMIT: Duration = Duration::from_secs(5);
+/// How many reports of reaped processes are kept for the daemon to collect.
+const REPORTS_KEPT: usize = 1024;
+
+/// The nest, once started.
+#[derive(Debug)]
+pub struct Nest {
+    holder: Child,
+    namespaces: Arc<Namespaces>,
+    /// An empty host directory, the mount point of every sandbox's staged
+    /// tmpfs (each in its own mount namespace).
+    stage_root: PathBuf,
+    /// What the nest's init reaped, by pid in the nest.
+    reaped: Arc<Reaped>,
+}
+
+#[derive(Debug)]
+struct Namespaces {
+    user: OwnedFd,
+    pid: OwnedFd,
+    /// The daemon itself: a child checks it is alive once it will die with it.
+    daemon: OwnedFd,
+}
+
+/// Resource usage of processes the nest's init reaped.
+#[derive(Debug, Default)]
+pub(super) struct Reaped {
+    list: Mutex<VecDeque<(i32, Duration, u64)>>,
+    changed: Condvar,
+}
+
+impl Reaped {
+    /// CPU time and peak resident bytes of the process the nest knows as
+    /// `nest_pid`, waiting up to `within` for its report.
+    pub(super) fn take(&self, nest_pid: i32, within: Duration) -> Option<(Duration, u64)> {
+        let deadline = Instant::now() + within;
+        let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(i) = list.iter().position(|r| r.0 == nest_pid) {
+                return list.remove(i).map(|(_, cpu, rss)| (cpu, rss));
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            list = self
+                .changed
+                .wait_timeout(list, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn add(&self, line: &str) {
+        let mut words = line.split_whitespace();
+        let (Some("reaped"), Some(pid), Some(cpu), Some(rss)) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            return;
+        };
+        let (Ok(pid), Ok(cpu), Ok(rss)) = (pid.parse(), cpu.parse(), rss.parse::<u64>()) else {
+            return;
+        };
+        let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        if list.len() == REPORTS_KEPT {
+            list.pop_front();
+        }
+        list.push_back((pid, Duration::from_micros(cpu), rss * 1024));
+        self.changed.notify_all();
+    }
+}
+
+/// What a child needs to enter the nest, prepared before the fork.
+pub(super) struct Entry {
+    namespaces: Arc<Namespaces>,
+    stage: Option<stage::Plan>,
+    /// The child's end of its reports (see [`Receipt`]).
+    socket: OwnedFd,
+}
+
+/// The daemon's end of a child's reports: the pid of the process that
+/// becomes bubblewrap, and the staged tmpfs.
+pub(super) struct Receipt(OwnedFd);
+
+impl Nest {
+    /// Starts the holder and waits until the nest exists; `stage_root` must
+    /// be an empty directory. A root daemon's nest maps every id (and the
+    /// sandboxes give up root inside it); a user's maps that user only.
+    pub fn start(stage_root: &Path) -> Result<Nest, String> {
+        let daemon = rustix::process::pidfd_open(
+            rustix::process::getpid(),
+            rustix::process::PidfdFlags::empty(),
+        )
+        .map_err(|e| format!("pidfd_open: {e}"))?;
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg(holder::HOLDER)
+            .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        ChildPlan::bare(None).install(&mut cmd);
+        let mut holder = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start the nest's holder: {e}"))?;
+        if let Err(e) = map_if_root(&mut holder).and_then(|()| wait_ready(&mut holder)) {
+            let _ = holder.kill();
+            let mut why = String::new();
+            if let Some(mut err) = holder.stderr.take() {
+                let _ = err.read_to_string(&mut why);
+            }
+            let _ = holder.wait();
+            let why = why.trim().trim_start_matches("nix-sandbox-mcp nest: ");
+            return Err(if why.is_empty() { e } else { why.to_string() });
+        }
+        let open = |what: &str| {
+            let path = format!("/proc/{}/ns/{what}", holder.id());
+            rustix::fs::open(
+                path.as_str(),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open {path}: {e}"))
+        };
+        let namespaces = match (open("user"), open("pid_for_children")) {
+            (Ok(user), Ok(pid)) => Namespaces { user, pid, daemon },
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = holder.kill();
+                let _ = holder.wait();
+                return Err(e);
+            }
+        };
+        let reaped = Arc::new(Reaped::default());
+        let reports = holder.stdout.take().expect("piped");
+        let sink = reaped.clone();
+        std::thread::Builder::new()
+            .name("nest-reports".into())
+            .spawn(move || {
+                for line in BufReader::new(reports).lines() {
+                    match line {
+                        Ok(line) => sink.add(&line),
+                        Err(_) => break,
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the nest's report reader: {e}"))?;
+        Ok(Nest {
+            holder,
+            namespaces: Arc::new(namespaces),
+            stage_root: stage_root.to_path_buf(),
+            reaped,
+        })
+    }
+
+    /// What a child needs to enter the nest and stage `spec` there, and
+    /// the daemon's end of its reports.
+    /// `owner` is who the sandbox runs as, when not the daemon's uid.
+    pub(super) fn entry(
+        &self,
+        spec: Option<&StageSpec>,
+        owner: Option<(u32, u32)>,
+    ) -> std::io::Result<(Entry, Receipt)> {
+        let (ours, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let stage = match spec {
+            Some(spec) => Some(stage::Plan::new(&self.stage_root, spec, owner)?),
+            None => None,
+        };
+        Ok((
+            Entry {
+                namespaces: self.namespaces.clone(),
+                stage,
+                socket: theirs,
+            },
+            Receipt(ours),
+        ))
+    }
+
+    /// Usage reports of the processes the nest's init reaps.
+    pub(super) fn reaped(&self) -> &Arc<Reaped> {
+        &self.reaped
+    }
+
+    /// Checks that `spec` can be staged, by staging it for a "program" that
+    /// cannot run (`/dev/null`): staging succeeds or fails before the exec,
+    /// and nothing is started.
+    pub fn probe(&self, run_as: Option<(u32, u32)>, spec: &StageSpec) -> Result<(), String> {
+        let (entry, receipt) = self.entry(Some(spec), run_as).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("/dev/null");
+        cmd.env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut plan = ChildPlan::bare(run_as);
+        plan.nest = Some(entry);
+        plan.install(&mut cmd);
+        let spawned = cmd.spawn();
+        drop(cmd);
+        let reported = receipt.collect(spawned.as_ref().ok().map(|c| c.id()));
+        if let Some(pid) = reported.bubblewrap.and_then(rustix::process::Pid::from_raw) {
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+        }
+        match (spawned, reported.staged) {
+            (_, Some(Ok(_))) => Ok(()),
+            (_, Some(Err(why))) => Err(why),
+            (Ok(_), None) => Err("staging ended without a word".to_string()),
+            (Err(e), None) => Err(e.to_string()),
+        }
+    }
+}
+
+impl Drop for Nest {
+    fn drop(&mut self) {
+        // The holder ends when its stdin closes, taking the nest with it.
+        drop(self.holder.stdin.take());
+        let _ = self.holder.wait();
+    }
+}
+
+/// A root holder's user namespace gets every id mapped, as on the host.
+fn map_if_root(holder: &mut Child) -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    expect_line(holder, holder::MAP_ME)?;
+    for map in ["uid_map", "gid_map"] {
+        std::fs::write(format!("/proc/{}/{map}", holder.id()), "0 0 4294967295")
+            .map_err(|e| format!("cannot write the nest's {map}: {e}"))?;
+    }
+    let stdin = holder.stdin.as_mut().expect("piped");
+    std::io::Write::write_all(stdin, b"g").map_err(|e| e.to_string())
+}
+
+/// Waits for the holder's ready line.
+fn wait_ready(holder: &mut Child) -> Result<(), String> {
+    expect_line(holder, holder::READY)
+}
+
+/// Reads `line` from the holder, waiting no longer than [`START_LIMIT`].
+fn expect_line(holder: &mut Child, line: &[u8]) -> Result<(), String> {
+    let out = holder.stdout.as_ref().expect("piped");
+    let limit = Timespec {
+        tv_sec: START_LIMIT.as_secs() as i64,
+        tv_nsec: 0,
+    };
+    let mut got = Vec::with_capacity(line.len());
+    while got.len() < line.len() {
+        let mut fds = [PollFd::new(out, PollFlags::IN)];
+        match poll(&mut fds, Some(&limit)) {
+            Ok(0) => return Err("the nest did not start in time".to_string()),
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+        let mut byte = [0u8; 1];
+        match rustix::io::read(out, &mut byte) {
+            Ok(1) => got.push(byte[0]),
+            Ok(_) => break,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    if got == line {
+        Ok(())
+    } else {
+        Err("the nest could not be created".to_string())
+    }
+}
+
+impl Entry {
+    /// In the child: joins the nest's user namespace (gaining every
+    /// capability there) and makes the nest's pid namespace its children's,
+    /// then forks the process that becomes the program, as a child of the
+    /// daemon (`CLONE_PARENT`) inside the nest's pid namespace: a process
+    /// cannot move itself there, and bubblewrap creates pid namespaces only
+    /// from its own. This child reports that pid and exits; the new process
+    /// stages the sandbox's filesystems and returns. Only system calls.
+    pub(super) fn enter(&self) -> std::io::Result<()> {
+        let fail = |step: stage::Step, e: rustix::io::Errno| {
+            stage::report(&self.socket, &Err(step));
+            std::io::Error::from(e)
+        };
+        rustix::thread::move_into_link_name_space(
+            self.namespaces.user.as_fd(),
+            Some(LinkNameSpaceType::User),
+        )
+        .map_err(|e| fail(stage::Step::UserNamespace, e))?;
+        rustix::thread::move_into_link_name_space(
+            self.namespaces.pid.as_fd(),
+            Some(LinkNameSpaceType::ProcessID),
+        )
+        .map_err(|e| fail(stage::Step::PidNamespace, e))?;
+        // SAFETY: a fork (no shared memory or stack: no CLONE_VM) of this
+        // single-threaded child, whose new process continues below exactly
+        // as after fork(); CLONE_PARENT only gives it our parent.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
+        if pid < 0 {
+            let e = rustix::io::Errno::from_io_error(&std::io::Error::last_os_error());
+            return Err(fail(
+                stage::Step::Fork,
+                e.unwrap_or(rustix::io::Errno::AGAIN),
+            ));
+        }
+        if pid > 0 {
+            stage::report_pid(&self.socket, pid as i32);
+            // SAFETY: ends this intermediate process at once, running
+            // nothing of the parent's (no destructors, no atexit handlers).
+            unsafe { libc::_exit(0) };
+        }
+        // Its own process group, as the program's would be (kills reach it).
+        rustix::process::setpgid(None, None).map_err(std::io::Error::from)?;
+        if let Some(plan) = &self.stage {
+            match plan.apply() {
+                Ok(dir) => stage::report(&self.socket, &Ok(dir)),
+                Err((step, e)) => return Err(fail(step, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// In the child, once it will die with the daemon: whether the daemon
+    /// is still there (its parent is the daemon, which the nest's pid
+    /// namespace cannot name).
+    pub(super) fn daemon_alive(&self) -> bool {
+        let mut fds = [PollFd::new(&self.namespaces.daemon, PollFlags::IN)];
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(poll(&mut fds, Some(&now)), Ok(0))
+    }
+}
+
+impl Receipt {
+    /// Reads what the child reported; call once the spawn has returned
+    /// (with `intermediate`, the spawned process, when it succeeded), by
+    /// when everything was sent.
+    pub(super) fn collect(self, intermediate: Option<u32>) -> Reported {
+        // The intermediate process exits at once, after reporting.
+        if let Some(pid) = intermediate.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+        }
+        stage::receive(&self.0)
+    }
+}

@@ -1,0 +1,369 @@
+//! Staging a sandbox's writable filesystems inside the nest, in the child
+//! between fork and exec of its bubblewrap: a mount namespace of the
+//! sandbox's own (so that everything staged disappears with it), with the
+//! nest's /proc (bubblewrap names processes by its own pid namespace), one tmpfs
+//! with a size and a file count holding the scratch directories the jail
+//! binds (see [`crate::jail::staged`]), and the project seen through
+//! overlayfs: the host's tree as the lower layer, never written, and an
+//! upper layer on that tmpfs taking every change. The overlay's options
+//! name only paths relative to the tmpfs, so the sandbox's mountinfo shows
+//! no host path. The child sends the daemon a descriptor on the staged
+//! tmpfs, through which the daemon reads the changes, or the step that
+//! failed.
+
+use std::ffi::CString;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::mount::MountFlags;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+use crate::jail::staged;
+
+/// The overlay's upper layer (the project's changes) and its work
+/// directory, inside the staged tmpfs.
+pub const UPPER: &str = "upper";
+const WORK: &str = "work";
+/// Where the host's project is bound, as the overlay's lower layer.
+const LOWER: &str = "lower";
+/// An empty second lower layer: overlayfs mounts without an upper layer
+/// only with two lower ones.
+const EMPTY: &str = "empty";
+
+/// What to stage for one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Spec {
+    pub size_bytes: u64,
+    pub files: u64,
+    pub project: Option<ProjectSpec>,
+}
+
+impl Spec {
+    /// Scratch space only, small: for probing.
+    pub fn scratch() -> Spec {
+        Spec {
+            size_bytes: 1 << 20,
+            files: 64,
+            project: None,
+        }
+    }
+}
+
+/// The project, seen through an overlay.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProjectSpec {
+    pub host_path: std::path::PathBuf,
+    /// Writable (changes go to the upper layer) or read-only.
+    pub writable: bool,
+}
+
+/// The steps of staging, in order; the child reports the one that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(in crate::exec) enum Step {
+    Done = 0,
+    UserNamespace = 1,
+    PidNamespace = 2,
+    Fork = 3,
+    MountNamespace = 4,
+    Proc = 5,
+    Tmpfs = 6,
+    Directories = 7,
+    ProjectBind = 8,
+    Overlay = 9,
+}
+
+impl Step {
+    fn from_byte(b: u8) -> Option<Step> {
+        [
+            Step::Done,
+            Step::UserNamespace,
+            Step::PidNamespace,
+            Step::Fork,
+            Step::MountNamespace,
+            Step::Proc,
+            Step::Tmpfs,
+            Step::Directories,
+            Step::ProjectBind,
+            Step::Overlay,
+        ]
+        .into_iter()
+        .find(|s| *s as u8 == b)
+    }
+
+    pub(in crate::exec) fn describe(self) -> &'static str {
+        match self {
+            Step::Done => "staging",
+            Step::UserNamespace => "entering the nest's user namespace",
+            Step::PidNamespace => "entering the nest's pid namespace",
+            Step::Fork => "starting a process in the nest",
+            Step::MountNamespace => "creating a mount namespace in the nest",
+            Step::Proc => "mounting the nest's /proc",
+            Step::Tmpfs => "mounting the sandbox's tmpfs",
+            Step::Directories => "creating the scratch directories",
+            Step::ProjectBind => "binding the project as the overlay's lower layer",
+            Step::Overlay => "mounting the project's overlay",
+        }
+    }
+}
+
+/// A staging plan, prepared before the fork: only C strings and descriptors.
+pub(in crate::exec) struct Plan {
+    root: CString,
+    tmpfs_options: CString,
+    /// Who the scratch directories belong to when it is not the stager (a
+    /// root daemon's sandboxes run as another uid).
+    owner: Option<(u32, u32)>,
+    project: Option<ProjectPlan>,
+}
+
+struct ProjectPlan {
+    /// The project directory's owner and mode, which the overlay's root
+    /// (its upper directory's) takes, so that it looks like the host's.
+    lower_owner: (u32, u32),
+    lower_mode: u32,
+    host: CString,
+    /// `root/lower`, absolute: the bind's target.
+    lower: CString,
+    /// Relative to `root`, where the child has changed directory.
+    overlay_options: CString,
+    read_only: bool,
+}
+
+fn c_path(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::other("NUL in a path"))
+}
+
+impl Plan {
+    pub(in crate::exec) fn new(
+        root: &Path,
+        spec: &Spec,
+        owner: Option<(u32, u32)>,
+    ) -> io::Result<Plan> {
+        use std::os::unix::fs::MetadataExt;
+        let c = |s: String| CString::new(s).map_err(|_| io::Error::other("NUL in an option"));
+        let project = match &spec.project {
+            None => None,
+            Some(p) => {
+                let meta = std::fs::metadata(&p.host_path)?;
+                Some(ProjectPlan {
+                    lower_owner: (meta.uid(), meta.gid()),
+                    lower_mode: meta.mode() & 0o7777,
+                    host: c_path(&p.host_path)?,
+                    lower: c_path(&root.join(LOWER))?,
+                    overlay_options: c(if p.writable {
+                        format!("lowerdir={LOWER},upperdir={UPPER},workdir={WORK},userxattr")
+                    } else {
+                        format!("lowerdir={LOWER}:{EMPTY},userxattr")
+                    })?,
+                    read_only: !p.writable,
+                })
+            }
+        };
+        Ok(Plan {
+            root: c_path(root)?,
+            tmpfs_options: c(format!(
+                "size={},nr_inodes={},mode=0755",
+                spec.size_bytes.max(4096),
+                spec.files.max(64)
+            ))?,
+            owner,
+            project,
+        })
+    }
+
+    /// In the child, inside the nest: builds everything, or fails naming the step.
+    pub(super) fn apply(&self) -> Result<OwnedFd, (Step, rustix::io::Errno)> {
+        // SAFETY: only CLONE_NEWNS: the mount namespace is per process and
+        // the child has one thread.
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
+            .map_err(|e| (Step::MountNamespace, e))?;
+        // bubblewrap reads its children's /proc entries by the pids its own
+        // pid namespace gives them: /proc must be the nest's.
+        rustix::mount::mount(
+            c"proc",
+            c"/proc",
+            c"proc",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            None,
+        )
+        .map_err(|e| (Step::Proc, e))?;
+        rustix::mount::mount(
+            c"tmpfs",
+            self.root.as_c_str(),
+            c"tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            Some(self.tmpfs_options.as_c_str()),
+        )
+        .map_err(|e| (Step::Tmpfs, e))?;
+        let dir = rustix::fs::open(
+            self.root.as_c_str(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| (Step::Directories, e))?;
+        let sticky = Mode::from_raw_mode(0o1777);
+        let project_dirs: &[(&str, Mode)] = match self.project {
+            Some(_) => &PROJECT_DIRS,
+            None => &[],
+        };
+        for (name, mode) in SCRATCH_DIRS.iter().chain(project_dirs) {
+            rustix::fs::mkdirat(&dir, *name, *mode).map_err(|e| (Step::Directories, e))?;
+            if *mode == sticky {
+                // mkdir applies the umask; the sticky directories are for everyone.
+                rustix::fs::chmodat(&dir, *name, sticky, rustix::fs::AtFlags::empty())
+                    .map_err(|e| (Step::Directories, e))?;
+            }
+        }
+        let chown = |name: &str, (uid, gid): (u32, u32)| {
+            rustix::fs::chownat(
+                &dir,
+                name,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                rustix::fs::AtFlags::empty(),
+            )
+            .map_err(|e| (Step::Directories, e))
+        };
+        if let Some(owner) = self.owner {
+            for (name, _) in SCRATCH_DIRS.iter() {
+                chown(name, owner)?;
+            }
+        }
+        if let Some(p) = &self.project {
+            let mode = Mode::from_raw_mode(p.lower_mode);
+            rustix::fs::chmodat(&dir, UPPER, mode, rustix::fs::AtFlags::empty())
+                .map_err(|e| (Step::Directories, e))?;
+            if self.owner.is_some() {
+                chown(UPPER, p.lower_owner)?;
+            }
+        }
+        if let Some(p) = &self.project {
+            // Recursive: a plain bind of a tree holding mounts the nest
+            // may not reveal is refused.
+            rustix::mount::mount_bind_recursive(p.host.as_c_str(), p.lower.as_c_str())
+                .map_err(|e| (Step::ProjectBind, e))?;
+            rustix::process::fchdir(&dir).map_err(|e| (Step::Overlay, e))?;
+            let flags = if p.read_only {
+                MountFlags::RDONLY
+            } else {
+                MountFlags::empty()
+            };
+            let mounted = rustix::mount::mount(
+                c"overlay",
+                staged::PROJECT,
+                c"overlay",
+                flags | MountFlags::NOSUID | MountFlags::NODEV,
+                Some(p.overlay_options.as_c_str()),
+            );
+            let _ = rustix::process::chdir(c"/");
+            mounted.map_err(|e| (Step::Overlay, e))?;
+        }
+        Ok(dir)
+    }
+}
+
+/// The scratch directories every staged sandbox has.
+const SCRATCH_DIRS: [(&str, Mode); 3] = [
+    (staged::WORKSPACE, Mode::from_raw_mode(0o755)),
+    (staged::TMP, Mode::from_raw_mode(0o1777)),
+    (staged::SHM, Mode::from_raw_mode(0o1777)),
+];
+
+const PROJECT_DIRS: [(&str, Mode); 5] = [
+    (LOWER, Mode::from_raw_mode(0o755)),
+    (EMPTY, Mode::from_raw_mode(0o755)),
+    (UPPER, Mode::from_raw_mode(0o755)),
+    (WORK, Mode::from_raw_mode(0o755)),
+    (staged::PROJECT, Mode::from_raw_mode(0o755)),
+];
+
+/// The first message of a child entering the nest: the pid of the process
+/// that becomes bubblewrap (see [`super::Entry::enter`]).
+const BUBBLEWRAP_PID: u8 = b'g';
+
+/// Reports the pid of the process that becomes bubblewrap. In the child:
+/// no allocation.
+pub(super) fn report_pid(socket: &OwnedFd, pid: i32) {
+    let mut message = [BUBBLEWRAP_PID, 0, 0, 0, 0];
+    message[1..].copy_from_slice(&pid.to_le_bytes());
+    let _ = rustix::net::send(socket, &message, SendFlags::empty());
+}
+
+/// Sends the outcome of staging to the daemon: the step byte, with the
+/// staged tmpfs's descriptor when it succeeded. In the child: no allocation.
+pub(super) fn report(socket: &OwnedFd, result: &Result<OwnedFd, Step>) {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let (byte, fds);
+    match result {
+        Ok(fd) => {
+            byte = [Step::Done as u8];
+            fds = [fd.as_fd()];
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+        }
+        Err(step) => byte = [*step as u8],
+    }
+    let _ = rustix::net::sendmsg(
+        socket,
+        &[IoSlice::new(&byte)],
+        &mut control,
+        SendFlags::empty(),
+    );
+}
+
+/// What a child entering the nest reported, read by the daemon once the
+/// spawn returned.
+#[derive(Debug, Default)]
+pub(in crate::exec) struct Reported {
+    /// The host pid of the process that became (or was to become) bubblewrap.
+    pub(in crate::exec) bubblewrap: Option<i32>,
+    /// The staged tmpfs, or why staging failed; `None` when nothing was staged.
+    pub(in crate::exec) staged: Option<Result<OwnedFd, String>>,
+}
+
+/// Reads every report waiting on `socket`.
+pub(in crate::exec) fn receive(socket: &OwnedFd) -> Reported {
+    let mut reported = Reported::default();
+    loop {
+        let mut message = [0u8; 8];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let Ok(got) = rustix::net::recvmsg(
+            socket,
+            &mut [IoSliceMut::new(&mut message)],
+            &mut control,
+            RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+        ) else {
+            return reported;
+        };
+        let mut fd = None;
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(mut fds) = m {
+                fd = fds.next();
+            }
+        }
+        match (got.bytes, message[0]) {
+            (0, _) => return reported,
+            (5, BUBBLEWRAP_PID) => {
+                let pid = i32::from_le_bytes([message[1], message[2], message[3], message[4]]);
+                reported.bubblewrap = Some(pid);
+            }
+            (1, byte) => {
+                reported.staged = Some(match (Step::from_byte(byte), fd) {
+                    (Some(Step::Done), Some(fd)) => Ok(fd),
+                    (Some(step), _) => Err(format!("{} failed", step.describe())),
+                    (None, _) => Err("staging reported nonsense".to_string()),
+                });
+            }
+            _ => reported.staged = Some(Err("staging reported nonsense".to_string())),
+        }
+    }
+}

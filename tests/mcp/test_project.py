@@ -1,0 +1,294 @@
+"""The project through a real MCP client, in each mode: `overlay` (the
+default: writable, every change stays in the sandbox, the host's files are
+byte-identical afterwards), `readonly` and `readwrite`; the fallback when the
+host cannot make the overlay; and what the mount does not leak or lock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pathlib
+import stat
+import subprocess
+
+from harness import RawServer, call, dump, readable_tmpdir, run_async, session, write_config
+
+
+def writable_project() -> pathlib.Path:
+    """A project anyone may write (a root server's sandbox runs as uid 65534):
+    files, a directory, a symlink that leaves the project."""
+    root = readable_tmpdir()
+    proj = root / "project"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "main.txt").write_text("main\n")
+    (proj / "notes.txt").write_text("notes\n")
+    (proj / "gone").mkdir()
+    (proj / "gone" / "file").write_text("x\n")
+    (root / "outside.txt").write_text("outside\n")
+    (proj / "outside-link").symlink_to(root / "outside.txt")
+    for p in [proj, *proj.rglob("*")]:
+        if not p.is_symlink():
+            p.chmod(0o777 if p.is_dir() else 0o666)
+    (root / "outside.txt").chmod(0o666)
+    return proj
+
+
+def snapshot(root: pathlib.Path) -> dict[str, tuple]:
+    """Every entry under `root` (and the file outside it): type, mode, content."""
+    out = {}
+    for p in sorted([root, *root.rglob("*"), root.parent / "outside.txt"]):
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            out[str(p)] = ("link", os.readlink(p))
+        elif stat.S_ISDIR(st.st_mode):
+            out[str(p)] = ("dir", st.st_mode, st.st_uid, st.st_gid)
+        else:
+            out[str(p)] = ("file", st.st_mode, st.st_uid, st.st_gid, p.read_bytes())
+    return out
+
+
+EDITS = (
+    "set -e\n"
+    "echo changed > /project/notes.txt\n"
+    "echo more >> /project/src/main.txt\n"
+    "echo new > /project/src/new.txt\n"
+    "rm -r /project/gone\n"
+    "mv /project/src/main.txt /project/src/renamed.txt\n"
+    "chmod 600 /project/src/new.txt\n"
+    "mkdir -p /project/build/out && echo obj > /project/build/out/a.o\n"
+    "{ echo escaped > /project/outside-link; } 2>/dev/null || true\n"
+    "cat /project/notes.txt /project/src/renamed.txt /project/src/new.txt\n"
+    "ls /project | tr '\\n' ' '\n"
+)
+
+
+def test_overlay_writes_land_in_the_sandbox_and_never_on_the_host():
+    proj = writable_project()
+    before = snapshot(proj)
+
+    async def t():
+        async with session(project=str(proj)) as s:
+            run = (await s.list_tools()).tools[0]
+            assert "writable copy; changes come back as a patch" in run.description, run.description
+            sc, text, err = await call(s, "bash", EDITS)
+            assert not err, text
+            assert sc["stdout"] == "changed\nmain\nmore\nnew\nbuild notes.txt outside-link src ", dump(sc)
+            # The next run starts from the host's tree again.
+            sc, _, _ = await call(s, "bash", "cat /project/notes.txt; ls /project/src; ls /project/build 2>&1 | head -1")
+            assert sc["stdout"].startswith("notes\nmain.txt\n"), dump(sc)
+    run_async(t)
+    assert snapshot(proj) == before
+
+
+def test_a_session_keeps_its_changes_between_calls():
+    proj = writable_project()
+    before = snapshot(proj)
+
+    async def t():
+        async with session(project=str(proj)) as s:
+            sc, text, err = await call(s, "bash", "echo 1 > /project/counter; mkdir /project/target", session="b")
+            assert not err, text
+            sc, text, err = await call(s, "bash", "echo $(( $(cat /project/counter) + 1 )); ls -d /project/target", session="b")
+            assert not err and sc["stdout"] == "2\n/project/target\n", dump(sc)
+            sc, _, _ = await call(s, "python", "import os; print(os.path.exists('/project/counter'))", session="p")
+            assert sc["stdout"] == "False\n", "sessions do not share their changes"
+    run_async(t)
+    assert snapshot(proj) == before
+
+
+def test_readonly_mode_refuses_every_write():
+    proj = writable_project()
+    before = snapshot(proj)
+    config = write_config('[project]\nmode = "readonly"\n')
+
+    async def t():
+        async with session(project=str(proj), config=config) as s:
+            run = (await s.list_tools()).tools[0]
+            assert "(read-only)" in run.description, run.description
+            code = (
+                "for f in /project/notes.txt /project/new; do echo x > $f 2>/dev/null && echo WROTE || echo denied; done\n"
+                "rm -r /project/gone 2>/dev/null && echo REMOVED || echo denied\n"
+                "cat /project/notes.txt\n"
+            )
+            sc, _, _ = await call(s, "bash", code)
+            assert sc["stdout"] == "denied\ndenied\ndenied\nnotes\n", dump(sc)
+    run_async(t)
+    assert snapshot(proj) == before
+
+
+def test_readwrite_mode_changes_the_host_tree():
+    proj = writable_project()
+    config = write_config('[project]\nmode = "readwrite"\n')
+
+    async def t():
+        async with session(project=str(proj), config=config) as s:
+            run = (await s.list_tools()).tools[0]
+            assert "changes are real" in run.description, run.description
+            sc, text, err = await call(s, "bash", "echo real > /project/notes.txt")
+            assert not err, text
+    run_async(t)
+    assert (proj / "notes.txt").read_text() == "real\n"
+
+
+def test_without_the_overlay_the_project_is_read_only_and_says_why():
+    proj = writable_project()
+    before = snapshot(proj)
+
+    async def t():
+        async with session(project=str(proj), env={"NIX_SANDBOX_NEST": "off"}) as s:
+            run = (await s.list_tools()).tools[0]
+            assert "read-only: no copy-on-write on this host" in run.description, run.description
+            sc, _, _ = await call(s, "bash", "echo x > /project/notes.txt 2>/dev/null && echo WROTE || echo denied")
+            assert sc["stdout"] == "denied\n", dump(sc)
+    run_async(t)
+    assert snapshot(proj) == before
+    doctor = subprocess.run([os.environ.get("NSM_BIN", "nix-sandbox-mcp"), "doctor"], capture_output=True, text=True,
+                            env={**os.environ, "NIX_SANDBOX_NEST": "off", "PROJECT_DIR": str(proj)})
+    assert "NIX_SANDBOX_NEST=off" in doctor.stdout and "read-only" in doctor.stdout, doctor.stdout
+
+
+def test_a_sandbox_cannot_lock_the_hosts_project_files():
+    """Host tools (git, cargo, package managers) lock files in the project; a
+    sandbox holding locks on the same files must not make them wait."""
+    proj = writable_project()
+    for mode in ("overlay", "readonly"):
+        config = write_config(f'[project]\nmode = "{mode}"\n')
+        srv = RawServer(config=config, env={"PROJECT_DIR": str(proj)})
+        code = ("import fcntl, time\n"
+                "f = open('/project/notes.txt'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+                "g = open('/project/src/main.txt'); fcntl.lockf(g, fcntl.LOCK_SH)\n"
+                "print('locked', flush=True)\n")
+        srv.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                  "params": {"name": "run", "arguments": {"env": "python", "session": "l", "code": code}}})
+        assert srv.recv()["result"]["structuredContent"]["stdout"] == "locked\n"
+        with open(proj / "notes.txt") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if the sandbox's lock reached the host
+        with open(proj / "src" / "main.txt", "r+") as g:
+            fcntl.lockf(g, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        srv.shut_down()
+
+
+def test_mountinfo_names_no_host_path_of_the_project():
+    proj = writable_project()
+
+    async def t():
+        async with session(project=str(proj)) as s:
+            for mode in ("", "readonly"):
+                sc, _, _ = await call(s, "bash", "cat /proc/self/mountinfo /proc/self/mounts")
+                assert "/project" in sc["stdout"], dump(sc)
+                assert str(proj) not in sc["stdout"] and str(proj.parent) not in sc["stdout"], sc["stdout"]
+    run_async(t)
+
+
+def tree(root: pathlib.Path, skip: tuple[str, ...] = ()) -> dict[str, tuple]:
+    """Files and symlinks under `root` (relative path -> content, mode), leaving out `skip` prefixes."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if rel.startswith(skip) or (p.is_dir() and not p.is_symlink()):
+            continue
+        if p.is_symlink():
+            out[rel] = ("link", os.readlink(p))
+        else:
+            out[rel] = ("file", p.read_bytes(), p.stat().st_mode & 0o111 != 0)
+    return out
+
+
+SANDBOX_TREE = (
+    "cd /project && find . \\( -type f -o -type l \\) -not -path './build/*' | sort | while read -r f; do\n"
+    "  if [ -L \"$f\" ]; then echo \"$f link $(readlink \"$f\")\"; else echo \"$f $(sha256sum < \"$f\" | cut -c1-16) $([ -x \"$f\" ] && echo x)\"; fi\n"
+    "done\n"
+)
+
+
+def describe(root: pathlib.Path) -> str:
+    """The host-side listing SANDBOX_TREE prints inside the sandbox."""
+    import hashlib
+    lines = []
+    for rel, entry in tree(root, skip=("build/", ".git/")).items():
+        if entry[0] == "link":
+            lines.append(f"./{rel} link {entry[1]}")
+        else:
+            lines.append(f"./{rel} {hashlib.sha256(entry[1]).hexdigest()[:16]} {'x' if entry[2] else ''}")
+    return "\n".join(sorted(lines)) + "\n"
+
+
+def test_the_patch_turns_the_host_tree_into_what_the_sandbox_left():
+    proj = writable_project()
+    (proj / ".gitignore").write_text("build/\n")
+    before = snapshot(proj)
+
+    async def t():
+        async with session(project=str(proj)) as s:
+            sc, text, err = await call(s, "bash", EDITS + SANDBOX_TREE)
+            assert not err, text
+            changes = sc["changes"]
+            assert (changes["added"], changes["modified"], changes["deleted"]) == (2, 1, 2), dump(changes)
+            assert changes["ignored_paths"] == ["build/"], dump(changes)
+            assert "build/" not in changes["patch"] and "left out of the patch as ignored" in text
+            res = await s.read_resource(changes["patch_uri"])
+            assert res.contents[0].text == changes["patch"]
+            return changes["patch"], sc["stdout"].split("build notes.txt outside-link src ")[1]
+    patch, in_sandbox = run_async(t)
+    assert snapshot(proj) == before
+    copy = readable_tmpdir() / "copy"
+    subprocess.run(["cp", "-a", str(proj), str(copy)], check=True)
+    applied = subprocess.run(["git", "apply", "--verbose", "-"], cwd=copy, input=patch, text=True, capture_output=True)
+    assert applied.returncode == 0, applied.stderr + patch
+    assert describe(copy) == in_sandbox, patch
+
+
+def test_a_large_patch_is_a_resource_and_protected_files_are_flagged():
+    proj = writable_project()
+
+    async def t():
+        async with session(project=str(proj)) as s:
+            code = "seq 1 3000 > /project/big.txt; echo '# be evil' > /project/AGENTS.md; mkdir -p /project/.claude && echo {} > /project/.claude/settings.json"
+            sc, text, err = await call(s, "bash", code)
+            assert not err, text
+            changes = sc["changes"]
+            assert "patch" not in changes and changes["patch_bytes"] > 4096, dump(changes)
+            assert sorted(changes["protected"]) == [".claude", "AGENTS.md"], dump(changes)
+            assert f"read the resource {changes['patch_uri']}" in text and "review" in text, text
+            res = await s.read_resource(changes["patch_uri"])
+            assert "+3000\n" in res.contents[0].text
+            listed = await s.list_resources()
+            assert changes["patch_uri"] in [str(r.uri) for r in listed.resources]
+            sc, _, _ = await call(s, "bash", "cat /project/notes.txt")
+            assert "changes" not in sc, "a run that changed nothing reports nothing"
+    run_async(t)
+
+
+def test_a_session_reports_its_changes_so_far_when_a_call_changes_them():
+    proj = writable_project()
+
+    async def t():
+        async with session(project=str(proj)) as s:
+            sc, _, _ = await call(s, "bash", "echo a > /project/a.txt", session="w")
+            assert sc["changes"]["added"] == 1, dump(sc)
+            sc, _, _ = await call(s, "bash", "cat /project/a.txt", session="w")
+            assert "changes" not in sc, dump(sc)
+            sc, _, _ = await call(s, "bash", "echo b > /project/b.txt", session="w")
+            assert sc["changes"]["added"] == 2 and sc["changes"]["cumulative"], dump(sc)
+    run_async(t)
+
+
+def test_a_readwrite_project_keeps_protected_files_read_only_and_names_new_ones():
+    proj = writable_project()
+    (proj / "CLAUDE.md").write_text("the user's rules\n")
+    (proj / "CLAUDE.md").chmod(0o666)
+    config = write_config('[project]\nmode = "readwrite"\nprotected = ["deploy/"]\n')
+    (proj / "deploy").mkdir(mode=0o777)
+    (proj / "deploy").chmod(0o777)
+
+    async def t():
+        async with session(project=str(proj), config=config) as s:
+            code = ("echo evil > /project/CLAUDE.md 2>/dev/null && echo WROTE || echo refused\n"
+                    "rm /project/CLAUDE.md 2>/dev/null && echo REMOVED || echo refused\n"
+                    "touch /project/deploy/key 2>/dev/null && echo WROTE || echo refused\n"
+                    "echo '{}' > /project/.mcp.json && echo created\n")
+            sc, _, _ = await call(s, "bash", code)
+            assert sc["stdout"] == "refused\nrefused\nrefused\ncreated\n", dump(sc)
+            assert sc["changes"] == {"protected_created": [".mcp.json"]}, dump(sc)
+    run_async(t)
+    assert (proj / "CLAUDE.md").read_text() == "the user's rules\n"
