@@ -31,8 +31,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 class Server:
-    def __init__(self, binary: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([binary, "--stdio"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, binary: str, env: dict[str, str], args: list[str] | None = None) -> None:
+        self.proc = subprocess.Popen([binary, *(args or []), "--stdio"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env={**os.environ, **env})
         self.next_id = 0
         self.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},

@@ -82,6 +82,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     if let Some(p) = &mut project {
         project_note = settle_project(&executor, p);
     }
+    executor.keep_caches(project.as_ref());
     if let Some(note) = &project_note {
         tracing::warn!("{note}");
     }

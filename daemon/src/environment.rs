@@ -32,6 +32,10 @@ pub struct Environment {
     pub network: NetworkSetting,
     /// Syscalls let through although the default filter blocks them.
     pub seccomp_allow: Vec<String>,
+    /// Directories kept between calls in one project (see `caches`).
+    pub caches: Vec<crate::config::CachePath>,
+    /// The most those caches may hold together, in bytes.
+    pub cache_bytes: u64,
     /// Executables the environment offers, for the agent's benefit.
     pub tools: Vec<String>,
     /// The interpreter family, when known: decides whether sessions are possible.

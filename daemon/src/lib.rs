@@ -9,10 +9,12 @@
 //! (diagnostics), `audit` (the run log), `jobs` (background runs),
 //! `sessions` (state across calls), `commands` (declared commands),
 //! `clients` (MCP clients' configuration), `network` (which hosts a sandbox
-//! may reach, and the proxy that holds it to that).
+//! may reach, and the proxy that holds it to that), `changes` (what a run
+//! changed in the project), `caches` (directories kept between calls).
 
 pub mod app;
 pub mod audit;
+pub mod caches;
 pub mod changes;
 pub mod cli;
 pub mod clients;

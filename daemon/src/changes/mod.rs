@@ -97,6 +97,16 @@ pub fn report(
     }))
 }
 
+/// Whether the upper layer `upper` is still empty: nothing changed.
+pub fn untouched(upper: &OwnedFd) -> bool {
+    match rustix::fs::Dir::read_from(upper) {
+        Ok(dir) => !dir
+            .into_iter()
+            .any(|e| e.is_ok_and(|e| e.file_name() != c"." && e.file_name() != c"..")),
+        Err(_) => false,
+    }
+}
+
 /// What a run did to the project, for its result.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Note {

@@ -18,6 +18,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
                 serde_json::json!({
                     "name": e.name, "description": e.description, "source": e.origin.to_string(),
                     "interpreter": e.interpreter, "network": e.network.policy().map(|p| p.summary()), "tools": e.tools,
+                    "caches": e.caches.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(), "cache_mb": e.cache_bytes >> 20,
                     "limits": {
                         "timeout_ms": l.timeout.as_millis() as u64, "memory_mb": l.memory_bytes >> 20, "pids": l.pids,
                         "cpu_seconds": l.cpu_seconds, "file_size_mb": l.file_size_bytes >> 20, "open_files": l.open_files,
@@ -64,6 +65,15 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
                     p.summary()
                 ))
             );
+            if !e.caches.is_empty() {
+                let list: Vec<&str> = e.caches.iter().map(|c| c.0.as_str()).collect();
+                let _ = writeln!(
+                    text,
+                    "    caches:      {} (at most {} MiB; see `caches`)",
+                    list.join(", "),
+                    e.cache_bytes >> 20
+                );
+            }
         }
         for (alias, target) in app.registry.aliases() {
             let _ = writeln!(text, "({alias} is another name for {target})");

@@ -3,6 +3,7 @@
 //! Parses arguments with clap, sets up logging on stderr, and drives the
 //! other modules; holds no sandbox logic of its own.
 
+mod caches;
 mod envs;
 mod run;
 mod serve;
@@ -30,9 +31,12 @@ const LONG_ABOUT: &str = "\
 nix-sandbox-mcp is a Model Context Protocol (MCP) server whose tool is \
 run(code, env). Each environment (bash, python, node, or one built by Nix) \
 runs in a bubblewrap sandbox: new user, pid, ipc, uts, cgroup and network \
-namespaces, no capabilities, a read-only root, the project mounted read-only \
-at /project, a fresh writable /workspace, a seccomp filter, and limits on \
-time, memory, processes, CPU, file size, open files and output.
+namespaces, no capabilities, a read-only root, the project at /project \
+through a copy-on-write overlay (writable, but the user's files are never \
+written: changes come back as a patch; or read-only, or read-write, by \
+[project] mode), a fresh writable /workspace, a seccomp filter, and limits \
+on time, memory, processes, CPU, file size, open files and output. \
+Environments may keep cache directories between calls, per project.
 
 Calls may name a session to keep interpreter state (variables, the working \
 directory, /workspace) across calls, or run in the background as jobs read \
@@ -61,6 +65,12 @@ ENVIRONMENT
     NIX_SANDBOX_ENVS   Comma-separated flake references built into artifacts at start-up.
     NIX_SANDBOX_LIMITS auto (default: cgroup v2, else v1, else rlimits) or rlimits
                        (never use cgroups).
+    NIX_SANDBOX_NEST   off: sandboxes start without the nest, the user and pid
+                       namespace of the server's own where their filesystems are
+                       staged (then no project overlay: an overlay project is
+                       read-only; and no bound on the number of files written).
+    XDG_CACHE_HOME     Where environments' caches are kept (default ~/.cache;
+                       /var/cache for root): nix-sandbox-mcp/caches/.
     RUST_LOG           Log filter, e.g. debug or nix_sandbox_mcp=trace (logs go to stderr).
     NIX_SANDBOX_MCP_COMMAND
                        The command client-config tells clients to run (the Nix
@@ -81,6 +91,7 @@ EXAMPLES
     nix-sandbox-mcp run --env python 'print(6 * 7)'
     echo 'ls /project' | nix-sandbox-mcp run --env bash -
     nix-sandbox-mcp envs
+    nix-sandbox-mcp caches --clear
     nix-sandbox-mcp doctor";
 
 #[derive(Parser, Debug)]
@@ -134,6 +145,24 @@ enum Command {
     },
     /// List the environments: name, description, source, interpreter, limits
     Envs {
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, or clear, the caches environments keep for this project
+    ///
+    /// Environments keep the directories their `caches` setting names
+    /// between calls and sessions, one set per project, each environment's
+    /// within its `cache_mb`, under $XDG_CACHE_HOME/nix-sandbox-mcp/caches
+    /// (/var/cache/nix-sandbox-mcp/caches for root). The project is the one
+    /// `run` would mount (PROJECT_DIR, [project] path, or this directory).
+    Caches {
+        /// Remove this project's caches (all environments', or ENV's only)
+        #[arg(long)]
+        clear: bool,
+        /// Only this environment's caches
+        #[arg(value_name = "ENV")]
+        env: Option<String>,
         /// Print JSON instead of text
         #[arg(long)]
         json: bool,
@@ -253,7 +282,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         }
         None => {
             eprintln!(
-                "nix-sandbox-mcp: nothing to do. Use --stdio to serve MCP, or one of the commands run, envs, doctor, client-config, schema (see --help)."
+                "nix-sandbox-mcp: nothing to do. Use --stdio to serve MCP, or one of the commands run, envs, caches, doctor, client-config, schema (see --help)."
             );
             ExitCode::from(2)
         }
@@ -264,6 +293,9 @@ async fn dispatch(cli: Cli) -> ExitCode {
             code,
         }) => run::run_once(&opts, env, artifact, file, code).await,
         Some(Command::Envs { json }) => envs::list_envs(&opts, json).await,
+        Some(Command::Caches { clear, env, json }) => {
+            caches::caches(cli.config.as_deref(), clear, env.as_deref(), json)
+        }
         Some(Command::Doctor { json }) => doctor(&opts, json).await,
         // Without a client, clap has made sure --all was given.
         Some(Command::ClientConfig {

@@ -162,6 +162,14 @@ pub struct EnvironmentSettings {
     /// Syscalls this environment may use although the default filter blocks them.
     #[serde(default)]
     pub seccomp_allow: Vec<String>,
+    /// Directories kept between this environment's calls and sessions in
+    /// one project (never shared between projects): `~/.cache/pip` in the
+    /// sandbox's home, `target` in the project.
+    #[serde(default)]
+    pub caches: Vec<CachePath>,
+    /// The most this environment's caches of one project may hold
+    /// together, in MiB (oldest files are removed beyond it). Default 1024.
+    pub cache_mb: Option<Positive>,
     pub timeout_ms: Option<Millis>,
     pub memory_mb: Option<Positive>,
     pub pids: Option<Positive>,

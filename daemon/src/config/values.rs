@@ -208,6 +208,37 @@ validated!(
     }
 );
 
+/// A cache directory an environment keeps between calls: in the sandbox's
+/// home (`~/.cache/pip`) or in the project (`target`, relative to it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachePath(pub String);
+validated!(
+    CachePath(String),
+    "a directory in the sandbox's home such as ~/.cache/pip, or in the project such as target",
+    {"type": "string", "pattern": "^(~/)?[^/~]", "minLength": 1, "maxLength": 4096},
+    |v| {
+        let inner = v.strip_prefix("~/").unwrap_or(&v).trim_end_matches('/');
+        if inner.is_empty() || inner.starts_with('/') || inner.starts_with('~') {
+            Err(format!("{v:?} is not a cache directory: write ~/PATH for one in the sandbox's home (~/.cache/pip) or a path relative to the project (target)"))
+        } else if inner.split('/').any(|c| c.is_empty() || c == "." || c == "..") || v.contains('\0') {
+            Err(format!("{v:?} must name a directory plainly: no `.`, `..` or empty components"))
+        } else {
+            Ok(CachePath(v))
+        }
+    }
+);
+
+impl CachePath {
+    /// Where it is in the sandbox, given the home and the project's mount point.
+    pub fn in_sandbox(&self, home: &str, project: &str) -> String {
+        let path = self.0.trim_end_matches('/');
+        match path.strip_prefix("~/") {
+            Some(rest) => format!("{home}/{rest}"),
+            None => format!("{project}/{path}"),
+        }
+    }
+}
+
 /// A code file name: one path component.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileName(pub String);

@@ -172,6 +172,8 @@ struct Inner {
     proxy: Proxy,
     /// Every sandbox starts in the nest, when the host allows one; else why not.
     nest: Result<nest::Nest, String>,
+    /// Where environments' caches are kept, once the project is known.
+    caches: std::sync::OnceLock<crate::caches::Caches>,
 }
 
 impl Executor {
@@ -205,6 +207,7 @@ impl Executor {
                 pool: Arc::new(Pool::new(bounds.prestart)),
                 proxy,
                 nest,
+                caches: std::sync::OnceLock::new(),
             }),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -269,13 +272,33 @@ impl Executor {
             .as_ref()
             .ok()
             .map(|_| self.inner.platform.stage_dir.as_path());
+        let caches = match self.inner.caches.get() {
+            Some(c) => c.mounts(ingredients.env),
+            None => Vec::new(),
+        };
         Recipe::new(
             &self.inner.platform.layout,
             &self.inner.enforcer,
             &self.inner.seccomp,
             stage_root,
+            caches,
             ingredients,
         )
+    }
+
+    /// Keeps environments' caches for `project` (see [`crate::caches`]);
+    /// set once, before the first call.
+    pub fn keep_caches(&self, project: Option<&ProjectMount>) {
+        let view = project.map(|p| crate::caches::ProjectView {
+            host_path: p.host_path.clone(),
+            mount_point: p.mount_point.clone(),
+            writable: p.access == crate::jail::ProjectAccess::ReadWrite
+                || (p.access == crate::jail::ProjectAccess::Overlay && p.overlay),
+        });
+        let _ = self
+            .inner
+            .caches
+            .set(crate::caches::Caches::new(view, self.inner.platform.run_as));
     }
 
     /// Whether sandboxes start in the nest, or why they do not.

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use super::ExecError;
 use super::nest::{ProjectSpec, StageSpec};
 use crate::environment::Environment;
-use crate::jail::{self, Call, HostLayout, ProjectAccess, ProjectMount};
+use crate::jail::{self, CacheMount, Call, HostLayout, ProjectAccess, ProjectMount};
 use crate::limits::{Enforcer, Rlimit};
 use crate::seccomp::{self, Programs};
 
@@ -51,6 +51,8 @@ pub(super) struct Recipe {
     pub(super) stage: Option<StageSpec>,
     /// A read-write project's protected paths that exist (see `jail`).
     pub(super) protected: Vec<String>,
+    /// The environment's caches in this project.
+    pub(super) caches: Vec<CacheMount>,
 }
 
 /// Compiled seccomp programs, once per distinct allow-list.
@@ -92,6 +94,7 @@ impl Recipe {
         enforcer: &Enforcer,
         seccomp: &SeccompCache,
         stage_root: Option<&Path>,
+        caches: Vec<CacheMount>,
         i: Ingredients,
     ) -> Result<Recipe, ExecError> {
         let programs = seccomp
@@ -112,6 +115,7 @@ impl Recipe {
             workdir: i.workdir.as_deref(),
             staged: stage_root,
             protected: &protected,
+            caches: &caches,
         };
         let stage = stage_root.map(|_| StageSpec {
             size_bytes: i.env.limits.workspace_bytes,
@@ -148,6 +152,7 @@ impl Recipe {
             network: i.env.network.policy().cloned().map(Arc::new),
             stage,
             protected,
+            caches,
         })
     }
 }

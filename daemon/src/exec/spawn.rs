@@ -83,6 +83,7 @@ pub(super) fn spawn(
         workdir: recipe.workdir.as_deref(),
         staged: nest.map(|_| platform.stage_dir.as_path()),
         protected: &recipe.protected,
+        caches: &recipe.caches,
     };
     let (entry, receipt) = match nest {
         Some(n) => {

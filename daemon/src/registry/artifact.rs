@@ -214,6 +214,8 @@ fn to_environment(
         settings,
         network: m.network,
         seccomp_allow: Vec::new(),
+        caches: Vec::new(),
+        cache_bytes: crate::caches::DEFAULT_BYTES,
         tools: m.tools,
         kind,
     })

@@ -263,6 +263,10 @@ fn apply_entry(env: &mut Environment, entry: &EnvironmentSettings) {
         env.network = network.clone();
     }
     env.seccomp_allow = entry.seccomp_allow.clone();
+    env.caches = entry.caches.clone();
+    if let Some(mb) = entry.cache_mb {
+        env.cache_bytes = mb.0 << 20;
+    }
     // Layers: built-in, `[defaults]`, artifact manifest (all in `settings`), entry.
     env.settings = env.settings.overlay(entry.limits());
     env.limits = Limits::resolve(env.settings);

@@ -15,7 +15,6 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{self, AuditLog};
@@ -27,6 +26,7 @@ use crate::jobs::Jobs;
 use crate::registry::Registry;
 use crate::sessions::{SessionError, SessionOutcome, Sessions, Start};
 
+mod arguments;
 mod commands;
 mod job_result;
 mod progress;
@@ -34,6 +34,7 @@ mod project;
 pub mod result;
 pub mod tool;
 
+use arguments::Arguments;
 use result::{ErrorCode, ToolError};
 
 /// The newest protocol revision this server implements.
@@ -501,94 +502,6 @@ fn check_session_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 const JOB_SHAPE: &str = "Call job with no arguments to list jobs, or {\"id\": \"job-1\", \"wait_seconds\": 30} to wait for one and read its new output.";
-
-/// A tool's arguments, with typed accessors whose errors say how to call it.
-struct Arguments<'a> {
-    map: &'a JsonObject,
-    shape: &'static str,
-}
-
-impl<'a> Arguments<'a> {
-    fn new(
-        args: Option<&'a JsonObject>,
-        tool: &str,
-        known: &[&str],
-        shape: &'static str,
-    ) -> Result<Arguments<'a>, ToolError> {
-        static EMPTY: std::sync::LazyLock<JsonObject> = std::sync::LazyLock::new(JsonObject::new);
-        let map = args.unwrap_or(&EMPTY);
-        let me = Arguments { map, shape };
-        if let Some(k) = map.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(me.invalid(&format!(
-                "unknown argument `{k}`; {tool} takes {}",
-                known
-                    .iter()
-                    .map(|k| format!("`{k}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
-        Ok(me)
-    }
-
-    fn invalid(&self, message: &str) -> ToolError {
-        ToolError::new(ErrorCode::InvalidInput, message, self.shape)
-    }
-
-    fn get(&self, name: &str) -> Option<&Value> {
-        self.map.get(name).filter(|v| !v.is_null())
-    }
-
-    fn wrong(&self, name: &str, expected: &str, v: &Value) -> ToolError {
-        self.invalid(&format!(
-            "`{name}` must be {expected}, not {}",
-            json_type(v)
-        ))
-    }
-
-    fn string(&self, name: &str) -> Result<Option<String>, ToolError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(self.wrong(name, "a string", v)),
-        }
-    }
-
-    fn bool(&self, name: &str) -> Result<Option<bool>, ToolError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.wrong(name, "true or false", v)),
-        }
-    }
-
-    fn number(&self, name: &str) -> Result<Option<f64>, ToolError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => Ok(n.as_f64()),
-            Some(v) => Err(self.wrong(name, "a number", v)),
-        }
-    }
-
-    fn offset(&self, name: &str) -> Result<Option<u64>, ToolError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
-            Some(v) => Err(self.wrong(name, "a byte offset (an integer of 0 or more)", v)),
-        }
-    }
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
 
 pub fn exec_error(e: &ExecError) -> ToolError {
     match e {

@@ -82,6 +82,8 @@ impl SandboxServer {
             })
             .collect();
         let report = match (upper, project.access) {
+            // Most runs change nothing: no scan, no thread hop.
+            (Some(upper), ProjectAccess::Overlay) if changes::untouched(&upper) => None,
             (Some(upper), ProjectAccess::Overlay) => {
                 let (host, protected, ledger) = (
                     project.host_path.clone(),

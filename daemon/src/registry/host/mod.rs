@@ -237,6 +237,8 @@ pub fn host_environment(
         settings,
         network: Default::default(),
         seccomp_allow: Vec::new(),
+        caches: Vec::new(),
+        cache_bytes: crate::caches::DEFAULT_BYTES,
         tools: Vec::new(),
         kind,
     }

@@ -1,0 +1,460 @@
+//! Caches: directories an environment keeps between its calls and sessions
+//! in one project (a package manager's downloads, a build's target
+//! directory). Owns where they live on the host, creating them, keeping
+//! each environment's within its bound, listing and clearing them; the jail
+//! only binds what [`Caches::mounts`] returns.
+//!
+//! Layout: `ROOT/PROJECT/ENV/CACHE`, where PROJECT is the project
+//! directory's name and a hash of its path (projects never share a cache)
+//! and CACHE the declared path, encoded. ROOT is
+//! `$XDG_CACHE_HOME/nix-sandbox-mcp/caches` (`~/.cache/…`); a root server's
+//! is `/var/cache/nix-sandbox-mcp/caches`, because its sandboxes run as
+//! uid 65534, which must pass through every directory above its own.
+//!
+//! The bound is kept after the fact: a trimmer removes the oldest files of
+//! an environment's caches once they hold more than its `cache_mb`, when a
+//! call starts and every minute while calls come. A single call may exceed
+//! the bound until the next check; the sandbox's own limits (file size,
+//! time) bound how far. Trimming works through directory descriptors and
+//! never follows a symlink, whatever the sandbox leaves there.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use sha2::{Digest, Sha256};
+
+use crate::environment::Environment;
+use crate::jail::{CacheMount, WORKSPACE};
+
+/// An environment's caches hold at most this much by default (1 GiB).
+pub const DEFAULT_BYTES: u64 = 1 << 30;
+/// Trimming leaves this share of the bound, so that it does not run at
+/// every call of a full cache.
+const TRIM_TO_PERCENT: u64 = 90;
+/// How often caches in use are checked, and for how long after their
+/// environment's last call.
+const CHECK_EVERY: Duration = Duration::from_secs(60);
+const ACTIVE_FOR: Duration = Duration::from_secs(3600);
+
+/// The project, as caches in it need it.
+#[derive(Debug, Clone)]
+pub struct ProjectView {
+    pub host_path: PathBuf,
+    pub mount_point: String,
+    /// Whether the sandbox may create a directory there (overlay, readwrite).
+    pub writable: bool,
+}
+
+/// The caches of one project.
+#[derive(Debug)]
+pub struct Caches {
+    /// `ROOT/PROJECT`.
+    dir: PathBuf,
+    project: Option<ProjectView>,
+    /// Who the sandboxes run as, when not the server's user.
+    owner: Option<(u32, u32)>,
+    trimmer: Arc<Trimmer>,
+    /// Caches (environment, path) already warned about.
+    skipped: Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+#[derive(Debug, Default)]
+struct Trimmer {
+    /// Environment directory → (bound, last use).
+    active: Mutex<HashMap<PathBuf, (u64, Instant)>>,
+    wake: Condvar,
+}
+
+/// Where every project's caches live, for this user.
+pub fn root() -> PathBuf {
+    if rustix::process::geteuid().is_root() && std::env::var_os("XDG_CACHE_HOME").is_none() {
+        return PathBuf::from("/var/cache/nix-sandbox-mcp/caches");
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    base.join("nix-sandbox-mcp/caches")
+}
+
+/// The directory of `project`'s caches (or of runs without a project).
+pub fn project_dir(root: &Path, project: Option<&Path>) -> PathBuf {
+    match project {
+        None => root.join("no-project"),
+        Some(p) => {
+            let hash = Sha256::digest(p.as_os_str().as_encoded_bytes());
+            let hex: String = hash[..6].iter().map(|b| format!("{b:02x}")).collect();
+            let name: String = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(40)
+                .collect();
+            root.join(format!("{name}-{hex}"))
+        }
+    }
+}
+
+/// The host directory's name for a declared cache path: one component.
+fn encode(path: &str) -> String {
+    let mut out = String::new();
+    for c in path.trim_end_matches('/').chars() {
+        match c {
+            '/' => out.push_str("%2F"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The declared path back from its directory's name.
+pub fn decode(name: &str) -> String {
+    name.replace("%2F", "/").replace("%25", "%")
+}
+
+impl Caches {
+    pub fn new(project: Option<ProjectView>, owner: Option<(u32, u32)>) -> Caches {
+        let dir = project_dir(&root(), project.as_ref().map(|p| p.host_path.as_path()));
+        let trimmer = Arc::new(Trimmer::default());
+        let worker = trimmer.clone();
+        // Without the thread caches are still bound; only the bound is not kept.
+        if let Err(e) = std::thread::Builder::new()
+            .name("cache-trimmer".into())
+            .spawn(move || worker.run())
+        {
+            tracing::warn!("cannot start the cache trimmer: {e}");
+        }
+        Caches {
+            dir,
+            project,
+            owner,
+            trimmer,
+            skipped: Mutex::default(),
+        }
+    }
+
+    /// The mounts for `env`'s caches, creating their directories; a cache
+    /// that cannot be made is left out, with a warning. A cache in the
+    /// project needs a project, and, when the project is read-only, a
+    /// directory already there to mount over.
+    pub fn mounts(&self, env: &Environment) -> Vec<CacheMount> {
+        if env.caches.is_empty() {
+            return Vec::new();
+        }
+        let env_dir = self.dir.join(&env.name);
+        let mut mounts = Vec::new();
+        for cache in &env.caches {
+            let in_project = !cache.0.starts_with("~/");
+            let at = match (&self.project, in_project) {
+                (_, false) => cache.in_sandbox(WORKSPACE, ""),
+                (Some(p), true) => {
+                    let there = p.host_path.join(cache.0.trim_end_matches('/'));
+                    if !(there.is_dir() || p.writable && self.may_create_in(&there)) {
+                        self.skip_once(
+                            &env.name,
+                            &cache.0,
+                            "the project has no such directory and the sandbox cannot create it (create it in the project)",
+                        );
+                        continue;
+                    }
+                    cache.in_sandbox(WORKSPACE, &p.mount_point)
+                }
+                (None, true) => continue,
+            };
+            let host = env_dir.join(encode(&cache.0));
+            match self.create(&host) {
+                Ok(()) => mounts.push(CacheMount { host, at }),
+                Err(e) => self.skip_once(
+                    &env.name,
+                    &cache.0,
+                    &format!("cannot create {}: {e}", host.display()),
+                ),
+            }
+        }
+        if !mounts.is_empty() {
+            self.trimmer.touch(env_dir, env.cache_bytes);
+        }
+        mounts
+    }
+
+    /// Whether the sandbox can create `dir` (whose parent is in the
+    /// project): the server's user when sandboxes run as it, else uid
+    /// `owner` by the parent's owner and mode.
+    fn may_create_in(&self, dir: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Some(parent) = dir.parent() else {
+            return false;
+        };
+        match self.owner {
+            None => rustix::fs::access(
+                parent,
+                rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+            )
+            .is_ok(),
+            Some((uid, _)) => std::fs::metadata(parent).is_ok_and(|m| {
+                (m.uid() == uid && m.mode() & 0o300 == 0o300) || m.mode() & 0o003 == 0o003
+            }),
+        }
+    }
+
+    /// Says once why a cache is not kept.
+    fn skip_once(&self, env: &str, cache: &str, why: &str) {
+        if self
+            .skipped
+            .lock()
+            .unwrap()
+            .insert((env.to_string(), cache.to_string()))
+        {
+            tracing::warn!("cache {cache} of environment {env} is not kept: {why}");
+        }
+    }
+
+    /// Creates `leaf` and the directories above it: the leaf belongs to
+    /// whoever the sandboxes run as; above it, a root server's directories
+    /// can be passed through but not listed.
+    fn create(&self, leaf: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        if leaf.is_dir() {
+            return Ok(());
+        }
+        let parent_mode = if self.owner.is_some() { 0o711 } else { 0o700 };
+        let mut missing = Vec::new();
+        let mut p = leaf.parent();
+        while let Some(dir) = p {
+            if dir.exists() {
+                break;
+            }
+            missing.push(dir);
+            p = dir.parent();
+        }
+        for dir in missing.into_iter().rev() {
+            std::fs::DirBuilder::new().mode(parent_mode).create(dir)?;
+            // The umask may have taken bits away.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(parent_mode))?;
+        }
+        std::fs::DirBuilder::new().mode(0o700).create(leaf)?;
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(leaf, Some(uid), Some(gid))?;
+        }
+        Ok(())
+    }
+}
+
+impl Trimmer {
+    fn touch(&self, env_dir: PathBuf, bound: u64) {
+        self.active
+            .lock()
+            .unwrap()
+            .insert(env_dir, (bound, Instant::now()));
+        self.wake.notify_one();
+    }
+
+    fn run(&self) {
+        let mut active = self.active.lock().unwrap();
+        loop {
+            active.retain(|_, (_, used)| used.elapsed() < ACTIVE_FOR);
+            let work: Vec<(PathBuf, u64)> =
+                active.iter().map(|(d, (b, _))| (d.clone(), *b)).collect();
+            drop(active);
+            for (dir, bound) in work {
+                match trim(&dir, bound) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        "cache {} was over its bound: removed {n} oldest files",
+                        dir.display()
+                    ),
+                    Err(e) => tracing::warn!("cannot trim cache {}: {e}", dir.display()),
+                }
+            }
+            active = self.active.lock().unwrap();
+            active = self.wake.wait_timeout(active, CHECK_EVERY).unwrap().0;
+        }
+    }
+}
+
+/// A file in a cache: its path (components from the environment's
+/// directory), its size on disk and when it last changed.
+struct CachedFile {
+    path: Vec<std::ffi::OsString>,
+    bytes: u64,
+    mtime: i64,
+}
+
+/// Stops a walk of a hostile tree from taking the server's memory.
+const MAX_FILES: usize = 1 << 20;
+
+/// Removes the oldest files under `dir` until what it holds is within
+/// `TRIM_TO_PERCENT` of `bound`, when it holds more than `bound`. Returns
+/// how many files were removed.
+pub fn trim(dir: &Path, bound: u64) -> std::io::Result<usize> {
+    let root = match open_dir(rustix::fs::CWD, dir) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut files = Vec::new();
+    walk(&root, &mut Vec::new(), &mut files)?;
+    let mut total: u64 = files.iter().map(|f| f.bytes).sum();
+    if total <= bound {
+        return Ok(0);
+    }
+    let target = bound / 100 * TRIM_TO_PERCENT;
+    files.sort_by_key(|f| f.mtime);
+    let mut removed = 0;
+    for f in files {
+        if total <= target {
+            break;
+        }
+        if remove(&root, &f.path).is_ok() {
+            total = total.saturating_sub(f.bytes);
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// What `dir`'s caches hold, in bytes (0 when there are none).
+pub fn size(dir: &Path) -> u64 {
+    let Ok(root) = open_dir(rustix::fs::CWD, dir) else {
+        return 0;
+    };
+    let mut files = Vec::new();
+    let _ = walk(&root, &mut Vec::new(), &mut files);
+    files.iter().map(|f| f.bytes).sum()
+}
+
+fn open_dir<Fd: rustix::fd::AsFd, P: rustix::path::Arg>(
+    at: Fd,
+    path: P,
+) -> std::io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        at,
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+fn walk(
+    dir: &OwnedFd,
+    prefix: &mut Vec<std::ffi::OsString>,
+    files: &mut Vec<CachedFile>,
+) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == c"." || name == c".." || files.len() >= MAX_FILES {
+            continue;
+        }
+        let Ok(st) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let component = std::ffi::OsStr::from_bytes(name.to_bytes()).to_os_string();
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            if let Ok(sub) = open_dir(dir, name) {
+                prefix.push(component);
+                walk(&sub, prefix, files)?;
+                prefix.pop();
+            }
+        } else {
+            let mut path = prefix.clone();
+            path.push(component);
+            files.push(CachedFile {
+                path,
+                bytes: st.st_blocks as u64 * 512,
+                mtime: st.st_mtime,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Unlinks the file at `path` below `root`, opening each directory on the
+/// way without following symlinks.
+fn remove(root: &OwnedFd, path: &[std::ffi::OsString]) -> std::io::Result<()> {
+    let (file, dirs) = path.split_last().ok_or(std::io::ErrorKind::InvalidInput)?;
+    let mut dir = None;
+    for d in dirs {
+        let next = open_dir(dir.as_ref().unwrap_or(root), d.as_os_str())?;
+        dir = Some(next);
+    }
+    rustix::fs::unlinkat(
+        dir.as_ref().unwrap_or(root),
+        file.as_os_str(),
+        AtFlags::empty(),
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declared_paths_become_one_component_each() {
+        assert_eq!(encode("~/.cache/pip"), "~%2F.cache%2Fpip");
+        assert_eq!(encode("target/"), "target");
+        assert_eq!(encode("a%2Fb"), "a%252Fb");
+        for p in ["~/.cache/pip", "target", "a%2Fb", "%%/x"] {
+            assert_eq!(decode(&encode(p)), p);
+        }
+    }
+
+    #[test]
+    fn projects_never_share_a_directory() {
+        let root = Path::new("/c");
+        let a = project_dir(root, Some(Path::new("/home/u/app")));
+        let b = project_dir(root, Some(Path::new("/srv/app")));
+        assert_ne!(a, b);
+        assert!(a.file_name().unwrap().to_str().unwrap().starts_with("app-"));
+        assert_eq!(project_dir(root, None), Path::new("/c/no-project"));
+    }
+
+    #[test]
+    fn trimming_removes_the_oldest_files_first_and_never_follows_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let keep = outside.path().join("precious");
+        std::fs::write(&keep, vec![1u8; 64 << 10]).unwrap();
+        let cache = dir.path().join("env");
+        std::fs::create_dir_all(cache.join("sub")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), cache.join("link")).unwrap();
+        for (i, name) in ["old", "sub/middle", "new"].iter().enumerate() {
+            let p = cache.join(name);
+            std::fs::write(&p, vec![7u8; 64 << 10]).unwrap();
+            let t =
+                std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 * (i as u64 + 1));
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        }
+        let before = size(&cache);
+        assert!(before >= 3 * (64 << 10));
+        assert_eq!(trim(&cache, before).unwrap(), 0);
+        // Room for about two files: the oldest goes.
+        assert_eq!(trim(&cache, before - 1).unwrap(), 1);
+        assert!(!cache.join("old").exists());
+        assert!(cache.join("sub/middle").exists() && cache.join("new").exists());
+        assert!(keep.exists());
+        assert_eq!(trim(&cache, 1).unwrap(), 2);
+        assert!(keep.exists(), "a symlink in the cache was followed");
+    }
+}

@@ -1,0 +1,414 @@
+use super::*;
+use crate::environment::{Limits, Origin};
+use crate::network::NetworkSetting;
+
+fn layout() -> HostLayout {
+    HostLayout {
+        system_dirs: vec!["/usr".into()],
+        system_links: vec![("usr/bin".into(), "/bin".into())],
+        etc_host: vec!["/etc/ld.so.cache".into()],
+        etc_network: vec!["/etc/ssl/certs".into()],
+        etc_dir: "/run/nsm/etc".into(),
+        disable_userns: true,
+        add_seccomp_fd: true,
+        json_status_fd: true,
+    }
+}
+
+fn env() -> Environment {
+    Environment {
+        name: "python".into(),
+        description: "Python".into(),
+        origin: Origin::Host {
+            program: "/usr/bin/python3".into(),
+        },
+        interpreter: vec!["python3".into(), "{file}".into()],
+        file_name: ".main.py".into(),
+        root: RootFs::Host { extra: vec![] },
+        path: vec!["/usr/bin".into(), "/bin".into()],
+        vars: [("PYTHONUNBUFFERED".to_string(), "1".to_string())].into(),
+        limits: Limits::resolve(Default::default()),
+        settings: Default::default(),
+        network: NetworkSetting::Off,
+        seccomp_allow: vec![],
+        caches: vec![],
+        cache_bytes: 0,
+        tools: vec![],
+        kind: None,
+    }
+}
+
+fn argv(
+    env: &Environment,
+    project: Option<&ProjectMount>,
+    inherited: &[(String, String)],
+) -> Vec<String> {
+    argv_staged(env, project, inherited, None)
+}
+
+fn argv_staged(
+    env: &Environment,
+    project: Option<&ProjectMount>,
+    inherited: &[(String, String)],
+    staged: Option<&Path>,
+) -> Vec<String> {
+    let call = Call {
+        env,
+        project,
+        code_file: Some((Path::new("/run/nsm/code/1"), "/workspace/.main.py")),
+        block_fd: Some(11),
+        seccomp_fds: vec![8, 9],
+        status_fd: Some(10),
+        inherited,
+        workdir: None,
+        staged,
+        protected: &[],
+        caches: &[],
+    };
+    bwrap_options(&layout(), &call)
+        .into_iter()
+        .map(|s| s.into_string().unwrap())
+        .collect()
+}
+
+/// True when `needle` appears in `hay` as consecutive arguments.
+fn has(hay: &[String], needle: &[&str]) -> bool {
+    hay.windows(needle.len())
+        .any(|w| w.iter().zip(needle).all(|(a, b)| a == b))
+}
+
+fn pos(hay: &[String], needle: &[&str]) -> usize {
+    hay.windows(needle.len())
+        .position(|w| w.iter().zip(needle).all(|(a, b)| a == b))
+        .unwrap_or_else(|| panic!("{needle:?} not in {hay:?}"))
+}
+
+#[test]
+fn every_namespace_and_no_capabilities() {
+    let a = argv(&env(), None, &[]);
+    for ns in [
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--unshare-net",
+    ] {
+        assert!(a.iter().any(|x| x == ns), "{ns} missing");
+    }
+    assert!(has(&a, &["--cap-drop", "ALL"]));
+    assert!(has(&a, &["--disable-userns"]));
+    assert!(has(&a, &["--die-with-parent"]));
+    assert!(has(&a, &["--new-session"]));
+    assert!(has(&a, &["--uid", "1000"]));
+    assert!(!a.iter().any(|x| x == "--share-net"));
+}
+
+#[test]
+fn network_only_through_the_proxy_and_only_when_opted_in() {
+    let mut e = env();
+    e.network = NetworkSetting::Proxied(crate::network::Policy::any_public());
+    let a = argv(&e, None, &[]);
+    // Its own namespace all the same: the proxy is the only way out.
+    assert!(a.iter().any(|x| x == "--unshare-net"));
+    assert!(has(&a, &["--ro-bind", "/etc/ssl/certs", "/etc/ssl/certs"]));
+    assert!(has(
+        &a,
+        &["--setenv", "HTTPS_PROXY", "http://127.0.0.1:3128"]
+    ));
+    assert!(!a.iter().any(|x| x.contains("resolv.conf")));
+    let a = argv(&env(), None, &[]);
+    assert!(a.iter().any(|x| x == "--unshare-net"));
+    assert!(
+        !a.iter()
+            .any(|x| x == "/etc/ssl/certs" || x.contains("PROXY"))
+    );
+}
+
+#[test]
+fn environment_is_cleared_then_minimal() {
+    let inherited = vec![("DATABASE_URL".to_string(), "pg://x".to_string())];
+    let a = argv(&env(), None, &inherited);
+    let clear = pos(&a, &["--clearenv"]);
+    for (k, v) in [
+        ("PATH", "/usr/bin:/bin"),
+        ("HOME", "/workspace"),
+        ("TMPDIR", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", "dumb"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("DATABASE_URL", "pg://x"),
+    ] {
+        assert!(pos(&a, &["--setenv", k, v]) > clear, "{k}");
+    }
+    assert_eq!(a.iter().filter(|x| *x == "--setenv").count(), 7);
+}
+
+#[test]
+fn project_read_only_unless_configured() {
+    let p = ProjectMount {
+        host_path: "/home/u/proj".into(),
+        mount_point: "/project".into(),
+        access: ProjectAccess::ReadOnly,
+        overlay: false,
+        downgraded: false,
+        protected: Vec::new(),
+    };
+    let a = argv(&env(), Some(&p), &[]);
+    assert!(has(&a, &["--ro-bind", "/home/u/proj", "/project"]));
+    // the project is mounted after the tmpfs so a mount point under /workspace works
+    assert!(pos(&a, &["--ro-bind", "/home/u/proj"]) > pos(&a, &["--tmpfs", "/workspace"]));
+    let rw = ProjectMount {
+        access: ProjectAccess::ReadWrite,
+        ..p.clone()
+    };
+    let a = argv(&env(), Some(&rw), &[]);
+    assert!(has(&a, &["--bind", "/home/u/proj", "/project"]));
+    let a = argv(&env(), None, &[]);
+    assert!(!a.iter().any(|x| x == "/project"));
+}
+
+#[test]
+fn a_staged_project_is_its_overlay_and_never_the_host_tree() {
+    let stage = Path::new("/run/nsm/stage");
+    let overlay = ProjectMount {
+        host_path: "/home/u/proj".into(),
+        mount_point: "/project".into(),
+        access: ProjectAccess::Overlay,
+        overlay: true,
+        downgraded: false,
+        protected: Vec::new(),
+    };
+    let read_only = ProjectMount {
+        access: ProjectAccess::ReadOnly,
+        ..overlay.clone()
+    };
+    for p in [&overlay, &read_only] {
+        let a = argv_staged(&env(), Some(p), &[], Some(stage));
+        assert!(
+            has(&a, &["--bind", "/run/nsm/stage/project", "/project"]),
+            "{a:?}"
+        );
+        assert!(!a.iter().any(|x| x == "/home/u/proj"), "{a:?}");
+    }
+    // Where the nest cannot make the overlay: read-only, from the host.
+    let no_overlay = ProjectMount {
+        overlay: false,
+        ..overlay.clone()
+    };
+    let a = argv_staged(&env(), Some(&no_overlay), &[], Some(stage));
+    assert!(has(&a, &["--ro-bind", "/home/u/proj", "/project"]));
+    // Read-write is the host's tree, staged or not.
+    let rw = ProjectMount {
+        access: ProjectAccess::ReadWrite,
+        ..overlay
+    };
+    let a = argv_staged(&env(), Some(&rw), &[], Some(stage));
+    assert!(has(&a, &["--bind", "/home/u/proj", "/project"]));
+}
+
+#[test]
+fn a_read_write_project_keeps_its_protected_files_read_only() {
+    let p = ProjectMount {
+        host_path: "/home/u/proj".into(),
+        mount_point: "/project".into(),
+        access: ProjectAccess::ReadWrite,
+        overlay: false,
+        downgraded: false,
+        protected: vec![".mcp.json".into(), ".claude/".into()],
+    };
+    let existing = [".mcp.json".to_string(), ".claude/".to_string()];
+    let call = Call {
+        env: &env(),
+        project: Some(&p),
+        code_file: None,
+        block_fd: None,
+        seccomp_fds: vec![],
+        status_fd: None,
+        inherited: &[],
+        workdir: None,
+        staged: None,
+        protected: &existing,
+        caches: &[],
+    };
+    let a: Vec<String> = bwrap_options(&layout(), &call)
+        .into_iter()
+        .map(|s| s.into_string().unwrap())
+        .collect();
+    let project = pos(&a, &["--bind", "/home/u/proj", "/project"]);
+    for (host, inside) in [
+        ("/home/u/proj/.mcp.json", "/project/.mcp.json"),
+        ("/home/u/proj/.claude", "/project/.claude"),
+    ] {
+        assert!(pos(&a, &["--ro-bind", host, inside]) > project, "{inside}");
+    }
+}
+
+#[test]
+fn caches_are_bound_writable_over_the_home_and_the_project() {
+    let p = ProjectMount {
+        host_path: "/home/u/proj".into(),
+        mount_point: "/project".into(),
+        access: ProjectAccess::ReadOnly,
+        overlay: false,
+        downgraded: false,
+        protected: vec![],
+    };
+    let caches = [
+        CacheMount {
+            host: "/home/u/.cache/nix-sandbox-mcp/caches/proj-1/python/a".into(),
+            at: "/workspace/.cache/pip".into(),
+        },
+        CacheMount {
+            host: "/home/u/.cache/nix-sandbox-mcp/caches/proj-1/python/b".into(),
+            at: "/project/target".into(),
+        },
+    ];
+    let call = Call {
+        env: &env(),
+        project: Some(&p),
+        code_file: None,
+        block_fd: None,
+        seccomp_fds: vec![],
+        status_fd: None,
+        inherited: &[],
+        workdir: None,
+        staged: None,
+        protected: &[],
+        caches: &caches,
+    };
+    let a: Vec<String> = bwrap_options(&layout(), &call)
+        .into_iter()
+        .map(|s| s.into_string().unwrap())
+        .collect();
+    let project = pos(&a, &["--ro-bind", "/home/u/proj", "/project"]);
+    let workspace = pos(&a, &["--tmpfs", "/workspace"]);
+    for c in &caches {
+        let at = pos(&a, &["--bind", c.host.to_str().unwrap(), &c.at]);
+        assert!(at > project && at > workspace, "{}", c.at);
+    }
+}
+
+#[test]
+fn staged_writable_filesystems_are_directories_of_one_bounded_tmpfs() {
+    let a = argv_staged(&env(), None, &[], Some(Path::new("/run/nsm/stage")));
+    for (dir, at) in [
+        ("shm", "/dev/shm"),
+        ("tmp", "/tmp"),
+        ("workspace", "/workspace"),
+    ] {
+        assert!(
+            has(&a, &["--bind", &format!("/run/nsm/stage/{dir}"), at]),
+            "{at}"
+        );
+    }
+    assert!(!a.iter().any(|x| x == "--tmpfs" || x == "--size"), "{a:?}");
+}
+
+#[test]
+fn the_root_is_read_only_once_everything_is_mounted() {
+    for staged in [None, Some(Path::new("/run/nsm/stage"))] {
+        let a = argv_staged(&env(), None, &[], staged);
+        assert_eq!(&a[a.len() - 2..], &["--remount-ro", "/"]);
+    }
+}
+
+#[test]
+fn writable_filesystems_are_sized_tmpfs() {
+    let a = argv(&env(), None, &[]);
+    let size = env().limits.workspace_bytes.to_string();
+    for dir in ["/workspace", "/tmp", "/dev/shm"] {
+        let i = pos(&a, &["--tmpfs", dir]);
+        assert_eq!(
+            &a[i - 2..i],
+            &["--size".to_string(), size.clone()],
+            "--size must directly precede --tmpfs {dir}"
+        );
+    }
+    assert!(has(&a, &["--chdir", "/workspace"]));
+}
+
+#[test]
+fn code_is_a_file_not_an_argument() {
+    let a = argv(&env(), None, &[]);
+    assert!(has(
+        &a,
+        &["--ro-bind", "/run/nsm/code/1", "/workspace/.main.py"]
+    ));
+    // after the tmpfs it lives in
+    assert!(pos(&a, &["--ro-bind", "/run/nsm/code/1"]) > pos(&a, &["--tmpfs", "/workspace"]));
+    assert!(has(&a, &["--block-fd", "11"]));
+    assert!(has(&a, &["--add-seccomp-fd", "8", "--add-seccomp-fd", "9"]));
+    assert!(has(&a, &["--json-status-fd", "10"]));
+    // The command follows on bubblewrap's own command line, with the path only.
+    assert!(!a.iter().any(|x| x == "--"));
+    assert_eq!(
+        env().command_for(&code_path(&env())),
+        ["python3", "/workspace/.main.py"]
+    );
+}
+
+#[test]
+fn a_call_may_start_elsewhere_than_the_workspace() {
+    let e = env();
+    let call = Call {
+        env: &e,
+        project: None,
+        code_file: None,
+        block_fd: None,
+        seccomp_fds: vec![],
+        status_fd: None,
+        inherited: &[],
+        workdir: Some("/project/sub"),
+        staged: None,
+        protected: &[],
+        caches: &[],
+    };
+    let a: Vec<String> = bwrap_options(&layout(), &call)
+        .into_iter()
+        .map(|s| s.into_string().unwrap())
+        .collect();
+    assert!(has(&a, &["--chdir", "/project/sub"]));
+    assert!(!has(&a, &["--chdir", "/workspace"]));
+}
+
+#[test]
+fn host_root_binds_system_dirs_and_prepared_etc() {
+    let a = argv(&env(), None, &[]);
+    assert!(has(&a, &["--ro-bind", "/usr", "/usr"]));
+    assert!(has(&a, &["--symlink", "usr/bin", "/bin"]));
+    assert!(has(&a, &["--ro-bind", "/run/nsm/etc", "/etc"]));
+    // host /etc files go on top of the prepared /etc
+    assert!(pos(&a, &["--ro-bind", "/etc/ld.so.cache"]) > pos(&a, &["--ro-bind", "/run/nsm/etc"]));
+    assert!(!a.iter().any(|x| x == "/home" || x == "/root"));
+}
+
+#[test]
+fn closure_root_shows_only_the_closure() {
+    let mut e = env();
+    e.root = RootFs::Closure {
+        store_paths: vec![
+            "/nix/store/aaa-python".into(),
+            "/nix/store/bbb-glibc".into(),
+        ],
+        links: vec![("/bin/sh".into(), "/nix/store/ccc-bash/bin/bash".into())],
+    };
+    let a = argv(&e, None, &[]);
+    assert!(has(
+        &a,
+        &[
+            "--ro-bind",
+            "/nix/store/aaa-python",
+            "/nix/store/aaa-python"
+        ]
+    ));
+    assert!(has(
+        &a,
+        &["--ro-bind", "/nix/store/bbb-glibc", "/nix/store/bbb-glibc"]
+    ));
+    assert!(has(
+        &a,
+        &["--symlink", "/nix/store/ccc-bash/bin/bash", "/bin/sh"]
+    ));
+    assert!(!a.iter().any(|x| x == "/usr" || x == "/etc/ld.so.cache"));
+}
