@@ -13,7 +13,8 @@
 //!
 //! The bound is kept after the fact: a trimmer removes the oldest files of
 //! an environment's caches once they hold more than its `cache_mb`, when a
-//! call starts and every minute while calls come. A single call may exceed
+//! call starts (at most every 5 seconds per environment and project, since a
+//! check walks the whole cache) and every minute while calls come. A single call may exceed
 //! the bound until the next check; the sandbox's own limits (file size,
 //! time) bound how far. Trimming works through directory descriptors and
 //! never follows a symlink, whatever the sandbox leaves there.
@@ -38,6 +39,9 @@ const TRIM_TO_PERCENT: u64 = 90;
 /// How often caches in use are checked, and for how long after their
 /// environment's last call.
 const CHECK_EVERY: Duration = Duration::from_secs(60);
+/// The least time between two checks of the same caches, however many
+/// calls start meanwhile: a check walks the whole cache.
+const CHECK_SPACING: Duration = Duration::from_secs(5);
 const ACTIVE_FOR: Duration = Duration::from_secs(3600);
 
 /// The project, as caches in it need it.
@@ -64,9 +68,31 @@ pub struct Caches {
 
 #[derive(Debug, Default)]
 struct Trimmer {
-    /// Environment directory → (bound, last use).
-    active: Mutex<HashMap<PathBuf, (u64, Instant)>>,
+    active: Mutex<HashMap<PathBuf, Watched>>,
     wake: Condvar,
+}
+
+/// An environment's caches directory, as the trimmer keeps track of it.
+#[derive(Debug, Clone, Copy)]
+struct Watched {
+    bound: u64,
+    /// When a call last started with these caches.
+    used: Instant,
+    /// When they were last measured (and trimmed), if ever.
+    checked: Option<Instant>,
+}
+
+impl Watched {
+    /// How long until these caches are due a check; zero when they are.
+    /// A call started since the last check makes them due after
+    /// [`CHECK_SPACING`], else they are due every [`CHECK_EVERY`].
+    fn due_in(&self) -> Duration {
+        match self.checked {
+            None => Duration::ZERO,
+            Some(at) if self.used > at => CHECK_SPACING.saturating_sub(at.elapsed()),
+            Some(at) => CHECK_EVERY.saturating_sub(at.elapsed()),
+        }
+    }
 }
 
 /// Where every project's caches live, for this user.
@@ -256,21 +282,35 @@ impl Caches {
 
 impl Trimmer {
     fn touch(&self, env_dir: PathBuf, bound: u64) {
-        self.active
-            .lock()
-            .unwrap()
-            .insert(env_dir, (bound, Instant::now()));
+        let now = Instant::now();
+        let mut active = self.active.lock().unwrap();
+        let watched = active.entry(env_dir).or_insert(Watched {
+            bound,
+            used: now,
+            checked: None,
+        });
+        watched.bound = bound;
+        watched.used = now;
+        // The trimmer recomputes when the caches are due; it measures them
+        // at most once per spacing, however fast calls come.
         self.wake.notify_one();
     }
 
     fn run(&self) {
         let mut active = self.active.lock().unwrap();
         loop {
-            active.retain(|_, (_, used)| used.elapsed() < ACTIVE_FOR);
-            let work: Vec<(PathBuf, u64)> =
-                active.iter().map(|(d, (b, _))| (d.clone(), *b)).collect();
+            active.retain(|_, w| w.used.elapsed() < ACTIVE_FOR);
+            let now = Instant::now();
+            let due: Vec<(PathBuf, u64)> = active
+                .iter_mut()
+                .filter(|(_, w)| w.due_in().is_zero())
+                .map(|(dir, w)| {
+                    w.checked = Some(now);
+                    (dir.clone(), w.bound)
+                })
+                .collect();
             drop(active);
-            for (dir, bound) in work {
+            for (dir, bound) in due {
                 match trim(&dir, bound) {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(
@@ -281,7 +321,13 @@ impl Trimmer {
                 }
             }
             active = self.active.lock().unwrap();
-            active = self.wake.wait_timeout(active, CHECK_EVERY).unwrap().0;
+            let wait = active
+                .values()
+                .map(Watched::due_in)
+                .min()
+                .unwrap_or(CHECK_EVERY)
+                .max(Duration::from_millis(10));
+            active = self.wake.wait_timeout(active, wait).unwrap().0;
         }
     }
 }

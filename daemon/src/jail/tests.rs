@@ -52,20 +52,36 @@ fn argv_staged(
     inherited: &[(String, String)],
     staged: Option<&Path>,
 ) -> Vec<String> {
-    let call = Call {
-        env,
-        project,
+    options(&Call {
         code_file: Some((Path::new("/run/nsm/code/1"), "/workspace/.main.py")),
         block_fd: Some(11),
         seccomp_fds: vec![8, 9],
         status_fd: Some(10),
         inherited,
-        workdir: None,
         staged,
+        ..bare_call(env, project)
+    })
+}
+
+/// A call with nothing but an environment and a project.
+fn bare_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Call<'a> {
+    Call {
+        env,
+        project,
+        code_file: None,
+        block_fd: None,
+        seccomp_fds: vec![],
+        status_fd: None,
+        inherited: &[],
+        workdir: None,
+        staged: None,
         protected: &[],
         caches: &[],
-    };
-    bwrap_options(&layout(), &call)
+    }
+}
+
+fn options(call: &Call) -> Vec<String> {
+    bwrap_options(&layout(), call)
         .into_iter()
         .map(|s| s.into_string().unwrap())
         .collect()
@@ -218,23 +234,11 @@ fn a_read_write_project_keeps_its_protected_files_read_only() {
         protected: vec![".mcp.json".into(), ".claude/".into()],
     };
     let existing = [".mcp.json".to_string(), ".claude/".to_string()];
-    let call = Call {
-        env: &env(),
-        project: Some(&p),
-        code_file: None,
-        block_fd: None,
-        seccomp_fds: vec![],
-        status_fd: None,
-        inherited: &[],
-        workdir: None,
-        staged: None,
+    let env = env();
+    let a = options(&Call {
         protected: &existing,
-        caches: &[],
-    };
-    let a: Vec<String> = bwrap_options(&layout(), &call)
-        .into_iter()
-        .map(|s| s.into_string().unwrap())
-        .collect();
+        ..bare_call(&env, Some(&p))
+    });
     let project = pos(&a, &["--bind", "/home/u/proj", "/project"]);
     for (host, inside) in [
         ("/home/u/proj/.mcp.json", "/project/.mcp.json"),
@@ -264,23 +268,11 @@ fn caches_are_bound_writable_over_the_home_and_the_project() {
             at: "/project/target".into(),
         },
     ];
-    let call = Call {
-        env: &env(),
-        project: Some(&p),
-        code_file: None,
-        block_fd: None,
-        seccomp_fds: vec![],
-        status_fd: None,
-        inherited: &[],
-        workdir: None,
-        staged: None,
-        protected: &[],
+    let env = env();
+    let a = options(&Call {
         caches: &caches,
-    };
-    let a: Vec<String> = bwrap_options(&layout(), &call)
-        .into_iter()
-        .map(|s| s.into_string().unwrap())
-        .collect();
+        ..bare_call(&env, Some(&p))
+    });
     let project = pos(&a, &["--ro-bind", "/home/u/proj", "/project"]);
     let workspace = pos(&a, &["--tmpfs", "/workspace"]);
     for c in &caches {
@@ -351,23 +343,10 @@ fn code_is_a_file_not_an_argument() {
 #[test]
 fn a_call_may_start_elsewhere_than_the_workspace() {
     let e = env();
-    let call = Call {
-        env: &e,
-        project: None,
-        code_file: None,
-        block_fd: None,
-        seccomp_fds: vec![],
-        status_fd: None,
-        inherited: &[],
+    let a = options(&Call {
         workdir: Some("/project/sub"),
-        staged: None,
-        protected: &[],
-        caches: &[],
-    };
-    let a: Vec<String> = bwrap_options(&layout(), &call)
-        .into_iter()
-        .map(|s| s.into_string().unwrap())
-        .collect();
+        ..bare_call(&e, None)
+    });
     assert!(has(&a, &["--chdir", "/project/sub"]));
     assert!(!has(&a, &["--chdir", "/workspace"]));
 }
