@@ -196,6 +196,7 @@ pub fn job_limits(config: &Config) -> JobLimits {
         max_jobs: s.max_jobs.map_or(8, |p| p.0 as usize),
         timeout: seconds(s.job_timeout_seconds, 1800),
         retention: seconds(s.job_retention_seconds, 3600),
+        retained: s.job_retention_count.map_or(32, |p| p.0 as usize),
         output_bytes: s.job_output_bytes.map_or(1 << 20, |p| p.0 as usize),
     }
 }

@@ -28,6 +28,16 @@ pub struct HostLayout {
     pub etc_host: Vec<PathBuf>,
     /// Host `/etc` entries only networked sandboxes need (resolver, certificates).
     pub etc_network: Vec<PathBuf>,
+    /// Files under `/proc` that tell about the host and no program in a
+    /// sandbox needs (boot parameters, kernel configuration, boot id…):
+    /// `empty_file` is bound over each, read-only.
+    pub proc_masked_files: Vec<PathBuf>,
+    /// An empty, read-only file prepared at start-up. (`/dev/null` would not
+    /// do: a bind inherits `nodev`, and the device could not be opened.)
+    pub empty_file: PathBuf,
+    /// Directories under `/proc` of the same kind (hardware): an empty
+    /// read-only tmpfs covers each.
+    pub proc_masked_dirs: Vec<PathBuf>,
     /// A directory prepared at start-up that becomes `/etc`: passwd, group, hosts
     /// and empty mount points for the host entries above.
     pub etc_dir: PathBuf,
@@ -227,6 +237,13 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     // size: staged, one tmpfs bounded in size and files holds them all.
     a.pair("--proc", "/proc");
     a.pair("--dev", "/dev");
+    for f in &layout.proc_masked_files {
+        a.bind_ro(&layout.empty_file, f);
+    }
+    for d in &layout.proc_masked_dirs {
+        a.pair_os("--tmpfs", d.as_os_str());
+        a.pair_os("--remount-ro", d.as_os_str());
+    }
     match call.staged {
         Some(root) => {
             for (dir, at) in [
@@ -307,6 +324,10 @@ impl Args {
         }
     }
     fn pair(&mut self, f: &str, v: &str) {
+        self.0.push(f.into());
+        self.0.push(v.into());
+    }
+    fn pair_os(&mut self, f: &str, v: &std::ffi::OsStr) {
         self.0.push(f.into());
         self.0.push(v.into());
     }

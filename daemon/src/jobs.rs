@@ -1,10 +1,13 @@
 //! Background runs: a bounded table of jobs, each a run started without
 //! waiting for it, with its output kept in bounded logs the agent reads from
-//! offsets. Jobs are limited in number, in lifetime (their own time limit) and
-//! in retained output, are forgotten some time after they finish, and die with
-//! the server (their cancellation tokens descend from its shutdown token).
+//! offsets. Jobs are limited in number (those still running; a killed job
+//! stops counting at once), in lifetime (their own time limit) and in
+//! retained output; finished jobs are kept for reading within a count and a
+//! time, and all die with the server (their cancellation tokens descend from
+//! its shutdown token).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,12 +22,14 @@ use crate::exec::{ExecError, Observer, Outcome, Stream};
 /// Bounds on jobs.
 #[derive(Debug, Clone, Copy)]
 pub struct JobLimits {
-    /// Jobs kept at once, running or finished.
+    /// Jobs running (or queued for a run slot) at once.
     pub max_jobs: usize,
     /// Time limit of a background run (instead of the environment's).
     pub timeout: Duration,
     /// How long a finished job is kept.
     pub retention: Duration,
+    /// Finished jobs kept at most (the oldest go first).
+    pub retained: usize,
     /// Bytes of each stream kept (the latest).
     pub output_bytes: usize,
 }
@@ -133,9 +138,12 @@ pub struct Job {
     pub limits: Limits,
     pub created: Instant,
     cancel: CancellationToken,
+    /// Set by `kill`: the job no longer counts against `max_jobs`.
+    killed: AtomicBool,
     state: watch::Sender<State>,
     logs: Mutex<[Log; 2]>,
-    ending: Mutex<Option<(Ending, Instant)>>,
+    /// How it ended, and when (tokio's clock, which tests can advance).
+    ending: Mutex<Option<(Ending, tokio::time::Instant)>>,
 }
 
 impl Job {
@@ -147,9 +155,16 @@ impl Job {
         self.ending.lock().unwrap().as_ref().map(|(e, _)| e.clone())
     }
 
-    /// Kills the job's sandbox (or takes it out of the queue).
+    /// Kills the job's sandbox (or takes it out of the queue); its place
+    /// among the running jobs is free at once.
     pub fn kill(&self) {
+        self.killed.store(true, Ordering::SeqCst);
         self.cancel.cancel();
+    }
+
+    /// Whether the job takes one of the `max_jobs` places.
+    fn holds_place(&self) -> bool {
+        self.state() != State::Finished && !self.killed.load(Ordering::SeqCst)
     }
 
     /// Waits until the job finishes or `limit` passes; true when finished.
@@ -178,11 +193,11 @@ impl Job {
             Ok(o) => Ending::Ran(Box::new(o), project),
             Err(e) => Ending::Failed(e.to_string()),
         };
-        *self.ending.lock().unwrap() = Some((ending, Instant::now()));
+        *self.ending.lock().unwrap() = Some((ending, tokio::time::Instant::now()));
         self.state.send_replace(State::Finished);
     }
 
-    fn finished_since(&self) -> Option<Instant> {
+    fn finished_since(&self) -> Option<tokio::time::Instant> {
         self.ending.lock().unwrap().as_ref().map(|(_, at)| *at)
     }
 }
@@ -204,8 +219,8 @@ impl Observer for Job {
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
-    #[error("{max} jobs already exist ({running} still running)")]
-    Full { max: usize, running: usize },
+    #[error("{max} jobs are already running")]
+    Full { max: usize },
 }
 
 /// The server's jobs.
@@ -240,14 +255,9 @@ impl Jobs {
     ) -> Result<(Arc<Job>, CancellationToken), JobError> {
         let mut table = self.table.lock().unwrap();
         self.forget_old(&mut table);
-        if table.len() >= self.limits.max_jobs {
-            let running = table
-                .values()
-                .filter(|j| j.state() != State::Finished)
-                .count();
+        if table.values().filter(|j| j.holds_place()).count() >= self.limits.max_jobs {
             return Err(JobError::Full {
                 max: self.limits.max_jobs,
-                running,
             });
         }
         let n = {
@@ -266,6 +276,7 @@ impl Jobs {
             },
             created: Instant::now(),
             cancel: cancel.clone(),
+            killed: AtomicBool::new(false),
             state: watch::Sender::new(State::Queued),
             logs: Mutex::new([
                 Log::new(self.limits.output_bytes),
@@ -291,9 +302,20 @@ impl Jobs {
         table.values().cloned().collect()
     }
 
+    /// Forgets finished jobs past their retention time, then the oldest
+    /// finished ones beyond the retained count.
     fn forget_old(&self, table: &mut BTreeMap<u64, Arc<Job>>) {
         let retention = self.limits.retention;
         table.retain(|_, j| j.finished_since().is_none_or(|at| at.elapsed() < retention));
+        let mut finished: Vec<(tokio::time::Instant, u64)> = table
+            .iter()
+            .filter_map(|(n, j)| j.finished_since().map(|at| (at, *n)))
+            .collect();
+        let excess = finished.len().saturating_sub(self.limits.retained);
+        finished.sort_unstable();
+        for (_, n) in finished.into_iter().take(excess) {
+            table.remove(&n);
+        }
     }
 }
 
@@ -342,34 +364,65 @@ mod tests {
         JobLimits {
             max_jobs: 2,
             timeout: Duration::from_secs(60),
-            retention: Duration::from_millis(50),
+            retention: Duration::from_secs(3600),
+            retained: 2,
             output_bytes: 100,
         }
     }
 
+    fn ids(jobs: &Jobs) -> Vec<String> {
+        jobs.list().iter().map(|j| j.id.clone()).collect()
+    }
+
     #[tokio::test]
-    async fn the_table_is_bounded_and_forgets_finished_jobs() {
+    async fn running_jobs_are_bounded_and_a_kill_frees_a_place_at_once() {
         let jobs = Jobs::new(limits());
         let shutdown = CancellationToken::new();
         let (a, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
-        let (_b, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+        let (b, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
         assert!(matches!(
             jobs.create("bash", env_limits(), &shutdown),
-            Err(JobError::Full { max: 2, running: 2 })
+            Err(JobError::Full { max: 2 })
         ));
-        assert_eq!(a.id, "job-1");
-        a.finish(Err(ExecError::CancelledWhileQueued), None);
-        assert!(a.wait(Duration::from_millis(10)).await);
-        assert!(
-            jobs.create("bash", env_limits(), &shutdown).is_err(),
-            "kept while retained"
-        );
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        a.kill();
         let (c, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
         assert_eq!(c.id, "job-3");
+        // A finished job no longer runs: it is kept for reading, out of the count.
+        b.finish(Err(ExecError::CancelledWhileQueued), None);
+        jobs.create("bash", env_limits(), &shutdown).unwrap();
+        assert_eq!(ids(&jobs), ["job-1", "job-2", "job-3", "job-4"]);
+    }
+
+    #[tokio::test]
+    async fn finished_jobs_are_kept_within_a_count_oldest_forgotten_first() {
+        let jobs = Jobs::new(limits());
+        let shutdown = CancellationToken::new();
+        for _ in 0..4 {
+            let (j, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+            j.finish(Err(ExecError::CancelledWhileQueued), None);
+        }
+        assert_eq!(ids(&jobs), ["job-3", "job-4"]);
+        assert!(jobs.get("job-1").is_none() && jobs.get("job-4").is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finished_jobs_are_forgotten_after_their_retention_time() {
+        let jobs = Jobs::new(JobLimits {
+            retention: Duration::from_secs(60),
+            ..limits()
+        });
+        let shutdown = CancellationToken::new();
+        let (a, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+        let (_running, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+        a.finish(Err(ExecError::CancelledWhileQueued), None);
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(jobs.get("job-1").is_some());
+        tokio::time::advance(Duration::from_secs(2)).await;
         assert!(jobs.get("job-1").is_none());
-        assert!(jobs.get("job-3").is_some());
-        assert_eq!(jobs.list().len(), 2);
+        assert!(
+            jobs.get("job-2").is_some(),
+            "a running job is never forgotten"
+        );
     }
 
     #[tokio::test]

@@ -83,6 +83,12 @@ impl Platform {
         layout.json_status_fd = help.contains("--json-status-fd");
         layout.etc_dir =
             prepare_etc(runtime_dir.path(), &layout).map_err(PlatformError::RuntimeDir)?;
+        layout.empty_file = runtime_dir.path().join("empty");
+        fs::write(&layout.empty_file, b"")
+            .and_then(|()| {
+                fs::set_permissions(&layout.empty_file, fs::Permissions::from_mode(0o444))
+            })
+            .map_err(PlatformError::RuntimeDir)?;
         let run_as = rustix::process::geteuid()
             .is_root()
             .then_some((UNPRIVILEGED_ID, UNPRIVILEGED_ID));
@@ -163,6 +169,26 @@ const ETC_NETWORK: &[&str] = &[
     "/etc/pki/tls/openssl.cnf",
 ];
 
+/// Host-identifying files under `/proc`, masked in every sandbox: Docker's
+/// masked files, plus what names this boot and this kernel's build.
+const PROC_MASKED_FILES: &[&str] = &[
+    "/proc/cmdline",
+    "/proc/config.gz",
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/kallsyms",
+    "/proc/modules",
+    "/proc/interrupts",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+];
+/// Hardware directories under `/proc`, emptied in every sandbox (Docker's).
+const PROC_MASKED_DIRS: &[&str] = &["/proc/acpi", "/proc/asound", "/proc/scsi"];
+
 /// System directories as they are on this host (merged /usr or not).
 pub fn probe_layout() -> HostLayout {
     let mut layout = HostLayout::default();
@@ -186,6 +212,10 @@ pub fn probe_layout() -> HostLayout {
     };
     layout.etc_host = existing(ETC_HOST);
     layout.etc_network = existing(ETC_NETWORK);
+    // The sandbox's /proc is a new procfs of the same kernel: what exists
+    // here exists there.
+    layout.proc_masked_files = existing(PROC_MASKED_FILES);
+    layout.proc_masked_dirs = existing(PROC_MASKED_DIRS);
     layout
 }
 

@@ -311,10 +311,14 @@ fn a_closed_standard_output_ends_every_command_quietly() {
 }
 
 #[test]
-fn empty_code_is_refused_with_how_to_pass_code() {
+fn empty_or_binary_code_is_refused_with_how_to_pass_code() {
     let dir = tempfile::tempdir().unwrap();
     let blank = dir.path().join("blank.sh");
     std::fs::write(&blank, " \n\t\n").unwrap();
+    let nul = dir.path().join("nul.py");
+    std::fs::write(&nul, b"print(1)\0\n").unwrap();
+    let latin1 = dir.path().join("latin1.sh");
+    std::fs::write(&latin1, b"echo caf\xe9\n").unwrap();
     let mut from_stdin = cli(&["run", "-e", "bash", "-"]);
     from_stdin.stdin(Stdio::null());
     for (mut c, source) in [
@@ -331,11 +335,19 @@ fn empty_code_is_refused_with_how_to_pass_code() {
             "holds only whitespace",
         ),
         (from_stdin, "standard input is empty"),
+        (
+            cli(&["run", "-e", "python", "-f", nul.to_str().unwrap()]),
+            "holds a NUL byte (at byte 8); code must be text",
+        ),
+        (
+            cli(&["run", "-e", "bash", "-f", latin1.to_str().unwrap()]),
+            "is not valid UTF-8 (at byte 8)",
+        ),
     ] {
         let o = out(&mut c);
         assert_eq!(o.status.code(), Some(2), "{source}");
         let e = text(&o.stderr);
-        assert!(e.contains("no code to run") && e.contains(source), "{e}");
+        assert!(e.contains("nothing was run") && e.contains(source), "{e}");
         assert!(e.contains("-f FILE") && e.contains("`-`"), "{e}");
         assert!(o.stdout.is_empty());
     }

@@ -1,8 +1,9 @@
 """Every error code the README documents, produced through the real server
 by a real run: one case per code, and a check that the README's list and
 the cases are the same set. `internal` (a run that ends without an exit
-status) cannot be provoked from outside; its example is the Rust test named
-in RUST_EXAMPLES."""
+status) and `output_incomplete` (a stream still open after every process of
+the sandbox is gone) cannot be provoked from outside; their examples are the
+Rust tests named in RUST_EXAMPLES."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import pytest
 
 from harness import MODE, ROOT, call, dump, limits_mechanism, run_async, session, write_config
 
-RUST_EXAMPLES = {"internal": ("daemon/tests/error_codes.rs", "a_run_without_an_exit_status_is_an_internal_error")}
+RUST_EXAMPLES = {
+    "internal": ("daemon/tests/error_codes.rs", "a_run_without_an_exit_status_is_an_internal_error"),
+    "output_incomplete": ("daemon/src/server/result.rs", "output_that_could_not_be_read_is_never_a_success"),
+}
 
 
 def documented_codes() -> set[str]:
@@ -115,7 +119,7 @@ async def session_mismatch(s):
 async def invalid_input(s):
     # Empty code, refused the same way as by `nix-sandbox-mcp run`.
     sc = await run_error(s, "bash", "  \n")
-    assert "empty" in sc["error"]["message"], dump(sc)
+    assert "only whitespace" in sc["error"]["message"], dump(sc)
     return sc
 
 

@@ -247,6 +247,35 @@ def test_tiocsti_ptrace_and_proc_escapes_fail():
     run_async(t)
 
 
+HOST_PROC_FILES = ["/proc/cmdline", "/proc/config.gz", "/proc/sys/kernel/random/boot_id", "/proc/kcore", "/proc/keys",
+                   "/proc/key-users", "/proc/kallsyms", "/proc/modules", "/proc/interrupts", "/proc/timer_list",
+                   "/proc/sched_debug"]
+HOST_PROC_DIRS = ["/proc/acpi", "/proc/asound", "/proc/scsi"]
+
+
+def test_host_identifying_proc_files_are_masked():
+    """Whatever of these the host's kernel has is readable on the host and
+    empty, and unwritable, inside."""
+    files = [f for f in HOST_PROC_FILES if os.path.exists(f)]
+    dirs = [d for d in HOST_PROC_DIRS if os.path.isdir(d)]
+    assert "/proc/cmdline" in files and open("/proc/cmdline").read(), "the host has a boot command line"
+
+    async def t():
+        async with session() as s:
+            code = (
+                f"for f in {' '.join(files)}; do printf '%s %s\\n' $f $(cat $f 2>/dev/null | wc -c); done\n"
+                f"for d in {' '.join(dirs)}; do printf '%s %s\\n' $d $(ls -A $d | wc -l); done\n"
+                "echo x > /proc/cmdline 2>/dev/null && echo WROTE\n"
+                "touch /proc/acpi/x 2>/dev/null && echo WROTE\n"
+                "true"
+            )
+            sc, _, err = await call(s, "bash", code)
+            assert not err, dump(sc)
+            lines = sc["stdout"].splitlines()
+            assert lines == [f"{p} 0" for p in files + dirs], sc["stdout"]
+    run_async(t)
+
+
 def test_a_hundred_concurrent_calls_all_complete():
     async def t():
         async with session(config=LIMITS) as s:
@@ -338,7 +367,11 @@ def test_malformed_json_rpc_unknown_methods_and_wrong_types_are_survived():
     srv = RawServer()
     try:
         srv.send(b"{this is not json")
+        r = srv.recv()
+        assert r["id"] is None and r["error"]["code"] == -32700 and "not valid JSON" in r["error"]["message"], r
         srv.send(b"\xff\xfe garbage")
+        r = srv.recv()
+        assert r["id"] is None and r["error"]["code"] == -32700, r
         srv.send({"jsonrpc": "2.0", "id": 1, "method": "no/such/method"})
         r = srv.recv()
         assert r["id"] == 1 and r["error"]["code"] == -32601, r
@@ -353,6 +386,84 @@ def test_malformed_json_rpc_unknown_methods_and_wrong_types_are_survived():
         assert r["result"]["structuredContent"]["stdout"] == "ok\n", r
     finally:
         srv.close()
+
+
+def test_broken_and_oversized_requests_are_answered_with_their_ids():
+    """Every request gets an answer the client can match to it, whatever its
+    bytes; the server keeps serving after each."""
+    srv = RawServer()
+    try:
+        def expect(line: bytes, id_, code: int, words: str) -> None:
+            srv.send(line)
+            r = srv.recv()
+            assert r.get("id") == id_ and r["error"]["code"] == code and words in r["error"]["message"], r
+        run = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"run","arguments":{"env":"bash","code":"%s"}}}'
+        expect(run % (11, b"echo \\ud800"), 11, -32700, "not valid JSON")
+        expect(run % (12, b"echo \xff"), 12, -32700, "UTF-8")
+        expect(b'{"jsonrpc":"2.0","id":13,"method":"tools/call","params":"x"}', 13, -32600, "params")
+        expect(b'[{"jsonrpc":"2.0","id":14,"method":"ping"}]', None, -32600, "batches")
+        expect(b'{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"name":5}}', 15, -32602, "tools/call")
+        big = run % (16, b"x" * (16 * 1024 * 1024))
+        expect(big, 16, -32600, "16 MiB")
+        srv.send(run % (17, b"echo still serving"))
+        r = srv.recv()
+        assert r["id"] == 17 and r["result"]["structuredContent"]["stdout"] == "still serving\n", r
+    finally:
+        srv.close()
+
+
+def test_flooding_every_channel_keeps_the_server_within_64_mb():
+    """Whatever a sandbox writes, and on whichever channel, the server reads
+    it into bounded buffers: its peak memory stays near its idle size."""
+    srv = RawServer()
+
+    def status_kib(field: str) -> int:
+        for line in open(f"/proc/{srv.proc.pid}/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise AssertionError(field)
+
+    def run(i: int, code: str, **extra) -> dict:
+        srv.send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                  "params": {"name": "run", "arguments": {"env": "bash", "code": code, **extra}}})
+        r = srv.recv(timeout=120)
+        assert r["id"] == i, r
+        return r["result"]["structuredContent"]
+
+    try:
+        assert run(1, "echo warm")["stdout"] == "warm\n"
+        run(2, "echo warm", session="flood")
+        idle = status_kib("VmRSS")
+        # The reply channel: one endless line, then endless short lines.
+        sc = run(3, "while :; do printf '%01024d' 0 >&204; done", session="flood")
+        assert sc["error"]["code"] == "killed_by_signal" or not sc["ok"], sc
+        assert "4096 bytes in a line" in sc["session"]["reset"], sc
+        sc = run(4, "yes '{}' >&204", session="flood")
+        assert "1024 KiB in a call" in sc["session"]["reset"], sc
+        # Both output streams, in a run and in a session.
+        sc = run(5, "yes 'stdout flood' & yes 'stderr flood' >&2; wait")
+        assert sc["error"]["code"] == "output_limit", sc
+        sc = run(6, "head -c 300000000 /dev/zero", session="flood")
+        assert sc["error"]["code"] == "output_limit", sc
+        peak = status_kib("VmHWM")
+        assert peak - idle < 64 * 1024, f"idle {idle} KiB, peak {peak} KiB"
+        assert run(7, "echo still serving")["stdout"] == "still serving\n"
+    finally:
+        srv.close()
+
+
+def test_code_with_a_nul_byte_is_refused_at_once_in_every_mode():
+    async def t():
+        async with session() as s:
+            for env in ("bash", "python", "node"):
+                for mode in ({}, {"session": f"nul-{env}"}, {"background": True}):
+                    sc, _, err = await call(s, env, "print(1)\x00\necho 2", **mode)
+                    assert err and sc["error"]["code"] == "invalid_input", dump(sc)
+                    assert "NUL byte (at byte 8)" in sc["error"]["message"], dump(sc)
+            # The session was never started by the refused call: its first real call is new.
+            sc, _, err = await call(s, "python", "print('fine')", session="nul-python")
+            assert not err and sc["stdout"] == "fine\n" and sc["session"]["state"] == "new", dump(sc)
+    run_async(t)
 
 
 def test_client_disconnect_mid_run_kills_the_sandbox():

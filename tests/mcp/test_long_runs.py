@@ -168,13 +168,37 @@ def test_jobs_have_their_own_time_limit_and_are_bounded():
             a, _, _ = await call(s, "bash", "sleep 1; echo outlived the run limit", background=True)
             b, _, _ = await call(s, "bash", "sleep 60", background=True)
             sc, text, err = await call(s, "bash", "true", background=True)
-            assert err and sc["error"]["code"] == "busy" and "2 jobs" in sc["error"]["message"], dump(sc)
+            assert err and sc["error"]["code"] == "busy" and "2 jobs are already running" in sc["error"]["message"], dump(sc)
             r = (await job(s, id=a["job"], wait_seconds=5)).structured_content
             assert r["exit_code"] == 0 and r["stdout"] == "outlived the run limit\n", dump(r)
             r = (await job(s, id=b["job"], wait_seconds=5)).structured_content
             assert r["timed_out"] and r["error"]["code"] == "timeout", dump(r)
             # The error names the job's own limit, not the environment's.
             assert "2000 ms" in r["error"]["message"], dump(r)
+    run_async(t)
+
+
+def test_a_killed_job_frees_its_place_at_once_and_finished_ones_are_kept_within_a_count():
+    config = write_config("[server]\nmax_jobs = 1\njob_retention_count = 2\n")
+
+    async def t():
+        async with session(config=config) as s:
+            first, _, _ = await call(s, "bash", "sleep 60", background=True)
+            sc, _, err = await call(s, "bash", "true", background=True)
+            assert err and sc["error"]["code"] == "busy", dump(sc)
+            await job(s, id=first["job"], kill=True)
+            # No waiting: the kill itself gave the place back.
+            ids = [first["job"]]
+            for i in range(3):
+                sc, _, err = await call(s, "bash", f"echo {i}", background=True)
+                assert not err, dump(sc)
+                ids.append(sc["job"])
+                r = (await job(s, id=sc["job"], wait_seconds=10)).structured_content
+                assert r["state"] == "finished" and r["stdout"] == f"{i}\n", dump(r)
+            listing = (await job(s)).structured_content
+            assert [j["job"] for j in listing["jobs"]] == ids[-2:], dump(listing)
+            r = await job(s, id=ids[0])
+            assert r.is_error and r.structured_content["error"]["code"] == "unknown_job"
     run_async(t)
 
 

@@ -168,16 +168,18 @@ def test_a_sandbox_cannot_lock_the_hosts_project_files():
         srv.shut_down()
 
 
-def test_mountinfo_names_no_host_path_of_the_project():
+def test_mountinfo_names_no_host_path_of_the_project_or_the_home():
     proj = writable_project()
+    home = os.path.expanduser("~")
 
-    async def t():
-        async with session(project=str(proj)) as s:
-            for mode in ("", "readonly"):
-                sc, _, _ = await call(s, "bash", "cat /proc/self/mountinfo /proc/self/mounts")
-                assert "/project" in sc["stdout"], dump(sc)
-                assert str(proj) not in sc["stdout"] and str(proj.parent) not in sc["stdout"], sc["stdout"]
-    run_async(t)
+    async def t(config: str) -> None:
+        async with session(project=str(proj), config=config) as s:
+            sc, _, _ = await call(s, "bash", "cat /proc/self/mountinfo /proc/self/mounts /proc/1/mountinfo")
+            assert "/project" in sc["stdout"], dump(sc)
+            for host_path in (str(proj), str(proj.parent), home):
+                assert host_path not in sc["stdout"], (host_path, sc["stdout"])
+    for mode in ("overlay", "readonly"):
+        run_async(t, write_config(f'[project]\nmode = "{mode}"\n'))
 
 
 def tree(root: pathlib.Path, skip: tuple[str, ...] = ()) -> dict[str, tuple]:

@@ -200,6 +200,25 @@ def test_a_timeout_kills_the_session_and_says_what_was_lost(env, setup, hang, pr
     run_async(t)
 
 
+def test_every_call_returns_all_it_printed_before_its_reply():
+    """A call ends on the reply channel, apart from the output pipes; what the
+    code printed before it replied must all be in its result, every time."""
+    async def t():
+        async with session() as s:
+            for env, code in [
+                ("bash", "echo line-{i}; echo err-{i} >&2"),
+                # Lines that are not replies keep the daemon reading the reply
+                # channel while the output arrives: the output must not be lost.
+                ("bash", "for j in 1 2 3 4 5 6 7 8; do echo '{{}}' >&204; done; echo line-{i}; echo err-{i} >&2"),
+                ("python", "import sys; print('line-{i}'); print('err-{i}', file=sys.stderr)"),
+                ("node", "console.log('line-{i}'); console.error('err-{i}')"),
+            ]:
+                for i in range(60):
+                    sc = await ok(s, env, code.format(i=i), f"all-{env}-{len(code)}")
+                    assert (sc["stdout"], sc["stderr"]) == (f"line-{i}\n", f"err-{i}\n"), dump(sc)
+    run_async(t)
+
+
 def test_exit_ends_the_run_with_its_status_not_the_session():
     async def t():
         async with session() as s:

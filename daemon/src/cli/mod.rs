@@ -76,11 +76,21 @@ ENVIRONMENT
                        The command client-config tells clients to run (the Nix
                        package's wrapper sets it to itself; default: this binary).
 
+PROTOCOL LIMITS (--stdio)
+    One JSON-RPC message per line, at most 16 MiB (newline included); a longer
+    line is answered with error -32600 and skipped, never buffered. A line
+    that is not JSON (or not UTF-8) gets -32700, a message of the wrong shape
+    -32600, each with the request's id when it can be read. Code must be
+    text: empty code, a NUL byte or invalid UTF-8 is an invalid_input error.
+    What the server reads from a sandbox is bounded ([defaults] output_bytes
+    and output_limit_mb; a session's reply channel 4 KiB a line, 1 MiB a call).
+
 EXIT STATUS
     run exits with the program's own status; 124 when it timed out, 125 when a
     limit other than time ended it, 126 when the sandbox could not start, 2
-    when there is no code to run (empty or only whitespace), 141 when its
-    standard output was closed early (as by `| head`), which ends the run.
+    when there is no code to run (empty, only whitespace, a NUL byte or not
+    UTF-8), 141 when its standard output was closed early (as by `| head`),
+    which ends the run.
     doctor exits 0 when every check passed (warnings allowed), 1 otherwise.
     Every command that prints stops quietly when its output is closed.
 
@@ -428,4 +438,18 @@ async fn doctor(opts: &StartOptions, json: bool) -> ExitCode {
         _ => ExitCode::from(1),
     };
     out.finish(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_help_states_the_real_protocol_limits() {
+        let max = crate::server::framing::MAX_MESSAGE_BYTES >> 20;
+        assert!(AFTER_HELP.contains(&format!("at most {max} MiB")));
+        let reply = crate::exec::supervise::REPLY_LINE_CAP >> 10;
+        let call = crate::exec::supervise::REPLY_CALL_CAP >> 20;
+        assert!(AFTER_HELP.contains(&format!("{reply} KiB a line, {call} MiB a call")));
+    }
 }

@@ -60,15 +60,10 @@ pub(super) async fn run_once(
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    // The same rule as the MCP tool's: code that is empty or only
-    // whitespace is a mistake, not a program.
-    if String::from_utf8_lossy(&code).trim().is_empty() {
-        let what = if code.is_empty() {
-            "is empty"
-        } else {
-            "holds only whitespace"
-        };
-        eprintln!("nix-sandbox-mcp: no code to run: {source} {what}; {HOW_TO_PASS_CODE}");
+    // The same rule as the MCP tool's.
+    if let Some(problem) = crate::exec::code_problem(&code) {
+        let problem = problem.replacen("the code", &source, 1);
+        eprintln!("nix-sandbox-mcp: nothing was run: {problem}; {HOW_TO_PASS_CODE}");
         return ExitCode::from(2);
     }
     let app = match app::start(&StartOptions {

@@ -55,7 +55,8 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
             crate::exec::spawn::reap_orphans();
         }
     });
-    let service = match server.serve(rmcp::transport::stdio_pipes()).await {
+    let framed = crate::server::framing::stdio();
+    let service = match server.serve(framed.transport).await {
         Ok(s) => s,
         Err(e) => return fail(format!("MCP initialization failed: {e}")),
     };
@@ -72,5 +73,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     orphans.abort();
     sessions.close_all().await;
     executor.shutdown().await;
+    // The last replies rmcp wrote are on their way to stdout.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), framed.writer).await;
     ExitCode::SUCCESS
 }

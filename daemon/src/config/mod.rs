@@ -54,12 +54,14 @@ pub struct ServerSettings {
     pub audit_log_output: bool,
     /// Time allowed for each environment Nix builds at start-up.
     pub nix_build_timeout_seconds: Option<Positive>,
-    /// Background jobs kept at once, running or finished.
+    /// Background jobs running at once (a finished or killed job does not count).
     pub max_jobs: Option<Positive>,
     /// Time limit of a background run.
     pub job_timeout_seconds: Option<Positive>,
     /// How long a finished job stays readable.
     pub job_retention_seconds: Option<Positive>,
+    /// Finished jobs kept readable at most; the oldest are forgotten first.
+    pub job_retention_count: Option<Positive>,
     /// Bytes of each output stream a job keeps (the latest).
     pub job_output_bytes: Option<Positive>,
     /// Sessions (run with `session`) open at once.

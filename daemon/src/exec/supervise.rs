@@ -298,12 +298,16 @@ async fn drain(sandbox: &mut Sandbox, out: &mut Output<'_>) {
 }
 
 /// Hands `out` what a stream holds right now, without waiting for more.
+/// Reads the descriptor itself (it is non-blocking): tokio's `try_read`
+/// answers from the reactor's last readiness event, which may not have
+/// arrived yet for bytes written just before the reply, and would lose them.
 fn read_ready(channel: &mut Channel, stream: Stream, out: &mut Output<'_>) {
     let mut buf = vec![0u8; READ_CHUNK];
     while channel.open {
-        match channel.pipe.try_read(&mut buf) {
+        match rustix::io::read(&channel.pipe, &mut buf) {
             Ok(0) => channel.open = false,
             Ok(n) => out.record(stream, &buf[..n]),
+            Err(rustix::io::Errno::INTR) => continue,
             Err(_) => break,
         }
     }

@@ -8,6 +8,9 @@ fn layout() -> HostLayout {
         system_links: vec![("usr/bin".into(), "/bin".into())],
         etc_host: vec!["/etc/ld.so.cache".into()],
         etc_network: vec!["/etc/ssl/certs".into()],
+        proc_masked_files: vec!["/proc/cmdline".into()],
+        proc_masked_dirs: vec!["/proc/acpi".into()],
+        empty_file: "/run/nsm/empty".into(),
         etc_dir: "/run/nsm/etc".into(),
         disable_userns: true,
         add_seccomp_fd: true,
@@ -294,7 +297,21 @@ fn staged_writable_filesystems_are_directories_of_one_bounded_tmpfs() {
             "{at}"
         );
     }
-    assert!(!a.iter().any(|x| x == "--tmpfs" || x == "--size"), "{a:?}");
+    // Only the emptied /proc directories are tmpfs of their own (read-only, empty).
+    assert!(!a.iter().any(|x| x == "--size"), "{a:?}");
+    for w in a.windows(2).filter(|w| w[0] == "--tmpfs") {
+        assert!(w[1].starts_with("/proc/"), "{a:?}");
+    }
+}
+
+#[test]
+fn host_identifying_proc_files_are_masked_over_the_new_proc() {
+    let env = env();
+    let a = options(&bare_call(&env, None));
+    let proc_at = pos(&a, &["--proc", "/proc"]);
+    assert!(pos(&a, &["--ro-bind", "/run/nsm/empty", "/proc/cmdline"]) > proc_at);
+    let emptied = pos(&a, &["--tmpfs", "/proc/acpi", "--remount-ro", "/proc/acpi"]);
+    assert!(emptied > proc_at);
 }
 
 #[test]

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressToken, ProtocolVersion,
-    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
+    Implementation, JsonObject, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressToken, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
@@ -28,6 +29,7 @@ use crate::sessions::{SessionError, SessionOutcome, Sessions, Start};
 
 mod arguments;
 mod commands;
+pub mod framing;
 mod job_result;
 mod progress;
 mod project;
@@ -187,11 +189,11 @@ impl SandboxServer {
             let code = args
                 .string("code")?
                 .ok_or_else(|| args.invalid("missing argument `code` (the program text to run)"))?;
-            if code.trim().is_empty() {
+            if let Some(problem) = crate::exec::code_problem(code.as_bytes()) {
                 return Err(ToolError::new(
                     ErrorCode::InvalidInput,
-                    "`code` is empty",
-                    "Pass the program text to run in `code`.",
+                    problem.replacen("the code", "`code`", 1),
+                    "Pass the program text to run in `code`; send binary data as a file in the project, or encode it (base64) and decode it in the code.",
                 ));
             }
             let env = self.environment(env_name.trim())?.clone();
@@ -346,7 +348,7 @@ impl SandboxServer {
     fn start_job(&self, env: Arc<Environment>, code: String) -> Result<CallToolResult, ToolError> {
         let jobs = &self.shared.jobs;
         let (job, cancel) = jobs.create(&env.name, env.limits, &self.shared.shutdown).map_err(|e| {
-            ToolError::new(ErrorCode::Busy, e.to_string(), "Read finished jobs with the job tool (they are forgotten after a while), or kill one you no longer need.")
+            ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
         })?;
         let mut job_env = (*env).clone();
         job_env.limits = job.limits;
@@ -633,6 +635,42 @@ impl ServerHandler for SandboxServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         project::read(&self.ledger, &request.uri).map(Into::into)
+    }
+
+    /// rmcp hands a standard request whose params do not fit its type here,
+    /// as if the method were unknown; say what is wrong instead.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        let standard = [
+            "initialize",
+            "ping",
+            "tools/list",
+            "tools/call",
+            "resources/list",
+            "resources/read",
+            "resources/templates/list",
+            "prompts/list",
+            "prompts/get",
+            "completion/complete",
+            "logging/setLevel",
+        ];
+        if standard.contains(&request.method.as_str()) {
+            return Err(McpError::invalid_params(
+                format!(
+                    "the params of {} do not have the shape the MCP specification gives them",
+                    request.method
+                ),
+                None,
+            ));
+        }
+        Err(McpError::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!("unknown method {:?}", request.method),
+            None,
+        ))
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

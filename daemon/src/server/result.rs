@@ -19,6 +19,8 @@ pub enum ErrorCode {
     ProcessLimit,
     CpuLimit,
     OutputLimit,
+    /// The program succeeded but some of its output could not be read.
+    OutputIncomplete,
     FileSizeLimit,
     Cancelled,
     UnknownEnv,
@@ -49,6 +51,7 @@ impl ErrorCode {
             ErrorCode::ProcessLimit => "process_limit",
             ErrorCode::CpuLimit => "cpu_limit",
             ErrorCode::OutputLimit => "output_limit",
+            ErrorCode::OutputIncomplete => "output_incomplete",
             ErrorCode::FileSizeLimit => "file_size_limit",
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::UnknownEnv => "unknown_env",
@@ -104,7 +107,9 @@ impl ToolError {
 
 /// The output schema of `run`: one shape for every result, success or error.
 /// Fields that do not apply (an exit code after a kill, a signal after a normal
-/// exit) are left out rather than null, which keeps the schema small.
+/// exit) are left out rather than null, which keeps the schema small; the
+/// rare `stdout_incomplete` and `stderr_incomplete` (a stream that could not
+/// be read to its end) are not listed, which the schema allows.
 /// `network`, `sessions` and `changes` say whether the tool can report a
 /// network allowance, a session and changes to the project; the properties
 /// it cannot return are left out, each costing the agent's context a few
@@ -263,7 +268,13 @@ pub fn run_error(o: &Outcome, limits: &Limits) -> Option<ToolError> {
         None => {}
     }
     match (o.exit_code, o.signal) {
-        (Some(0), _) => None,
+        (Some(0), _) => incomplete_output(o).map(|(stream, why)| {
+            ToolError::new(
+                ErrorCode::OutputIncomplete,
+                format!("the program succeeded, but its {stream} could not be read to the end: {why}"),
+                "Run it again; if it keeps happening, have the program write its output to a file under /workspace and print a summary.",
+            )
+        }),
         (_, Some(sig)) => e(
             ErrorCode::KilledBySignal,
             format!("the program was killed by {}", signal_name(sig)),
@@ -280,6 +291,13 @@ pub fn run_error(o: &Outcome, limits: &Limits) -> Option<ToolError> {
             "Run it again; if it keeps happening, check the server's log.",
         ),
     }
+}
+
+/// The first stream that could not be read to its end, and why.
+fn incomplete_output(o: &Outcome) -> Option<(&'static str, &str)> {
+    [("stdout", &o.stdout), ("stderr", &o.stderr)]
+        .into_iter()
+        .find_map(|(name, c)| c.incomplete.as_deref().map(|why| (name, why)))
 }
 
 /// What a run in a session did to the session, for its result.
@@ -335,6 +353,14 @@ pub fn run_result(
     }
     if let Some(limit) = o.limit {
         v["limit"] = json!(limit.as_str());
+    }
+    for (key, c) in [
+        ("stdout_incomplete", &o.stdout),
+        ("stderr_incomplete", &o.stderr),
+    ] {
+        if let Some(why) = &c.incomplete {
+            v[key] = json!(format!("{} bytes were not read: {why}", c.dropped_bytes));
+        }
     }
     add_usage(&mut v, o);
     add_network(&mut v, o);
@@ -525,6 +551,37 @@ mod tests {
 
     fn structured(r: &CallToolResult) -> &Value {
         r.structured_content.as_ref().unwrap()
+    }
+
+    #[test]
+    fn output_that_could_not_be_read_is_never_a_success() {
+        let l = Limits::resolve(Default::default());
+        let mut o = outcome(Some(0), None, None);
+        o.stderr = Captured {
+            text: "partial".into(),
+            total_bytes: 70_007,
+            dropped_bytes: 70_000,
+            incomplete: Some("the stream was still open".into()),
+        };
+        let r = run_result("bash", &o, &l, None, None);
+        let s = structured(&r);
+        assert_eq!((s["ok"].clone(), r.is_error), (json!(false), Some(true)));
+        assert_eq!(s["error"]["code"], "output_incomplete");
+        assert!(
+            s["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("its stderr")
+        );
+        assert_eq!(
+            s["stderr_incomplete"],
+            "70000 bytes were not read: the stream was still open"
+        );
+        // A failure stays the failure it is; the loss is still stated.
+        o.exit_code = Some(2);
+        let s = structured(&run_result("bash", &o, &l, None, None)).clone();
+        assert_eq!(s["error"]["code"], "exit_nonzero");
+        assert!(s["stderr_incomplete"].is_string());
     }
 
     #[test]
