@@ -233,6 +233,12 @@ def test_tiocsti_ptrace_and_proc_escapes_fail():
                 "except OSError as e:\n    print('TIOCSTI', e.errno)\n"
                 "libc = ctypes.CDLL(None, use_errno=True)\n"
                 "print('ptrace', libc.ptrace(0, 0, 0, 0), ctypes.get_errno())\n"
+                "import platform, socket\n"
+                "if platform.machine() == 'x86_64':\n"
+                "    print('modify_ldt', libc.syscall(154, 0, 0, 0), ctypes.get_errno())\n"
+                "else:\n    print('modify_ldt -1 1')\n"
+                "try:\n    socket.socket(40, socket.SOCK_STREAM); print('vsock opened')\n"
+                "except OSError as e:\n    print('vsock', e.errno)\n"
                 "print('root', sorted(os.listdir('/proc/1/root')))\n"
                 "for p in ['/proc/1/root/etc/shadow', '/proc/self/root/root', '/proc/1/cwd/../../home']:\n"
                 "    print(p, os.path.exists(p))\n"
@@ -241,6 +247,7 @@ def test_tiocsti_ptrace_and_proc_escapes_fail():
             sc, _, _ = await call(s, "python", code)
             out = sc["stdout"]
             assert "TIOCSTI 1\n" in out and "ptrace -1 1\n" in out, out
+            assert "modify_ldt -1 1\n" in out and "vsock 1\n" in out, out
             assert "home" not in out.split("root ", 1)[1].split("\n")[0]
             assert "True" not in out, out
             assert int(out.rsplit("pids ", 1)[1]) < 10
