@@ -265,6 +265,9 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
             a.pair("--tmpfs", WORKSPACE);
         }
     }
+    // bubblewrap's /dev is a tmpfs of its own, unbounded; with /dev/shm
+    // mounted, nothing else there needs writing (device nodes are binds).
+    a.pair("--remount-ro", "/dev");
 
     if let Some(p) = call.project {
         let at = Path::new(&p.mount_point).as_os_str();

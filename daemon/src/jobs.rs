@@ -57,7 +57,9 @@ impl State {
 pub enum Ending {
     /// The run, and what it did to the project.
     Ran(Box<Outcome>, Option<Note>),
-    Failed(String),
+    /// The run never started (cancelled while queued, over the memory
+    /// budget, a sandbox that could not start…).
+    Failed(Arc<ExecError>),
 }
 
 /// One stream's retained output, addressed by absolute byte offsets.
@@ -191,7 +193,7 @@ impl Job {
     pub fn finish(&self, result: Result<Outcome, ExecError>, project: Option<Note>) {
         let ending = match result {
             Ok(o) => Ending::Ran(Box::new(o), project),
-            Err(e) => Ending::Failed(e.to_string()),
+            Err(e) => Ending::Failed(Arc::new(e)),
         };
         *self.ending.lock().unwrap() = Some((ending, tokio::time::Instant::now()));
         self.state.send_replace(State::Finished);

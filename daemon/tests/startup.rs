@@ -85,9 +85,15 @@ fn doctor_passes_here_and_names_the_limit_mechanism() {
     assert!(o.status.success(), "{t}\n{}", text(&o.stderr));
     for s in [
         "ok    bubblewrap",
-        "ok    namespaces",
+        "ok    sandbox",
+        // Each protection as the test sandbox showed it.
+        "ok    namespaces: checked in a test sandbox",
+        "ok    identity: checked in a test sandbox",
+        "ok    seccomp: checked in a test sandbox: filter mode",
+        "ok    network: checked in a test sandbox",
+        "ok    root: checked in a test sandbox",
+        "ok    rlimits: checked in a test sandbox",
         "limits:",
-        "seccomp",
         "ok    environment python: Python 3.",
         "ok    example run: `print(6 * 7)` in python printed 42",
         "all checks passed",
@@ -119,7 +125,12 @@ fn doctor_json_has_one_stable_shape() {
     for name in [
         "config",
         "bubblewrap",
+        "sandbox",
         "namespaces",
+        "seccomp",
+        "network",
+        "root",
+        "rlimits",
         "project",
         "example run",
     ] {
@@ -170,7 +181,7 @@ fn stdio_with_a_broken_sandbox_fails_fast_with_the_doctor_message() {
     );
     let o = out(cli(&["doctor"]).env("PATH", &path));
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stdout).contains("FAIL  namespaces"));
+    assert!(text(&o.stdout).contains("FAIL  sandbox"));
     let o = out(cli(&["doctor", "--json"]).env("PATH", &path));
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -182,7 +193,7 @@ fn stdio_with_a_broken_sandbox_fails_fast_with_the_doctor_message() {
         .filter(|c| c["status"] == "fail")
         .collect();
     assert_eq!(failed.len(), 1, "{v}");
-    assert_eq!(failed[0]["name"], "namespaces");
+    assert_eq!(failed[0]["name"], "sandbox");
     assert!(failed[0]["fix"].as_str().is_some_and(|f| !f.is_empty()));
     let o = out(cli(&["run", "-e", "bash", "echo never"]).env("PATH", &path));
     assert_eq!(o.status.code(), Some(126));

@@ -39,6 +39,11 @@ async def run_error(s, env: str, code: str, **extra) -> dict:
 
 
 async def exit_nonzero(s):
+    # 130 and 143 are what programs exit with after handling SIGINT or
+    # SIGTERM: statuses, not deaths by signal.
+    for status in (130, 143):
+        sc = await run_error(s, "bash", f"exit {status}")
+        assert sc["error"]["code"] == "exit_nonzero" and sc["exit_code"] == status and "signal" not in sc, dump(sc)
     return await run_error(s, "bash", "exit 3")
 
 

@@ -67,14 +67,34 @@ def test_memory_bomb_is_killed_with_the_memory_code():
 
 
 def test_filling_the_disk_stays_inside_the_sandbox():
+    """Everything outside the writable mounts refuses writes; the writable
+    mounts (the project's overlay included) together hold at most
+    workspace_mb and workspace_files, in every limits mode."""
+    config = write_config(
+        "[defaults]\ntimeout_ms = 20000\nworkspace_mb = 16\nworkspace_files = 2000\n"
+    )
+    project = readable_tmpdir()
+
     async def t():
-        async with session(config=LIMITS) as s:
-            sc, _, _ = await call(s, "bash", "head -c 1G /dev/zero > /workspace/fill; echo rc=$?; du -m /workspace/fill | cut -f1")
-            lines = sc["stdout"].split()
-            assert lines[0] == "rc=1" and int(lines[1]) <= 16, dump(sc)
-            assert "No space left" in sc["stderr"]
+        async with session(config=config, project=str(project)) as s:
+            code = (
+                "for d in / /etc /usr /bin /proc /dev /run; do touch $d/.nsm-probe 2>/dev/null && echo \"WROTE $d\"; done\n"
+                "for d in /workspace /tmp /dev/shm /project; do head -c 1G /dev/zero > $d/fill 2>/dev/null; echo \"$d rc=$?\"; done\n"
+                "echo \"total $(du -cm /workspace/fill /tmp/fill /dev/shm/fill /project/fill | tail -1 | cut -f1)\"\n"
+                "rm -f /workspace/fill /tmp/fill /dev/shm/fill /project/fill\n"
+                "i=0; while [ $i -lt 5000 ] && : > /tmp/f$i 2>/dev/null; do i=$((i+1)); done; echo \"files $i\"\n"
+            )
+            sc, _, _ = await call(s, "bash", code)
+            out = sc["stdout"]
+            assert "WROTE" not in out, dump(sc)
+            for d in ("/workspace", "/tmp", "/dev/shm", "/project"):
+                assert f"{d} rc=1" in out, dump(sc)
+            total = int(out.split("total ")[1].split()[0])
+            files = int(out.split("files ")[1].split()[0])
+            assert total <= 17 and files < 2000, dump(sc)
             await still_serving(s)
     run_async(t)
+    assert list(project.iterdir()) == [], "the host's project is untouched"
 
 
 def test_gigabyte_output_flood_is_cut_and_reported():

@@ -202,6 +202,21 @@ def test_a_killed_job_frees_its_place_at_once_and_finished_ones_are_kept_within_
     run_async(t)
 
 
+def test_a_job_that_never_ran_keeps_its_real_error_code():
+    config = write_config("[server]\nmax_concurrent_runs = 1\n")
+
+    async def t():
+        async with session(config=config) as s:
+            running, _, _ = await call(s, "bash", "sleep 60", background=True)
+            queued, _, _ = await call(s, "bash", "echo never", background=True)
+            await job(s, id=queued["job"], kill=True)
+            r = (await job(s, id=queued["job"], wait_seconds=10)).structured_content
+            assert r["state"] == "finished" and r["error"]["code"] == "cancelled", dump(r)
+            assert "doctor" not in r["error"]["suggestion"], dump(r)
+            await job(s, id=running["job"], kill=True)
+    run_async(t)
+
+
 def test_job_errors_say_what_to_do():
     async def t():
         async with session() as s:

@@ -97,15 +97,34 @@ pub(crate) fn attribute_limits(o: &mut Outcome, ours: Option<LimitKind>, fired: 
     o.limits_reached = reached;
 }
 
-/// Exit code and signal from bubblewrap's own exit status. bubblewrap
-/// reports a program killed by signal N as exit status 128 + N.
+/// Signals whose 128 + N status is read as a death by that signal: the
+/// kernel's own (crashes, limits, kills). bubblewrap reports a program
+/// killed by signal N as exit status 128 + N, the same as a program that
+/// exits with that status, and programs do exit with 129, 130 or 143 on
+/// purpose (after handling SIGHUP, SIGINT or SIGTERM), so those stay exit
+/// statuses.
+const DEATH_SIGNALS: &[i32] = &[
+    libc::SIGILL,
+    libc::SIGTRAP,
+    libc::SIGABRT,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGKILL,
+    libc::SIGSEGV,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+    libc::SIGSYS,
+];
+
+/// Exit code and signal from bubblewrap's own exit status (see
+/// [`DEATH_SIGNALS`]).
 pub(super) fn interpret(status: Option<ExitStatus>) -> (Option<i32>, Option<i32>) {
     use std::os::unix::process::ExitStatusExt;
     let Some(status) = status else {
         return (None, None);
     };
     match (status.code(), status.signal()) {
-        (Some(c), _) if c > 128 && c <= 128 + 64 => (Some(c), Some(c - 128)),
+        (Some(c), _) if DEATH_SIGNALS.contains(&(c - 128)) => (Some(c), Some(c - 128)),
         (Some(c), _) => (Some(c), None),
         (None, Some(s)) => (None, Some(s)),
         (None, None) => (None, None),
@@ -138,7 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn bwrap_signal_convention() {
+    fn bwrap_statuses_are_signals_only_for_the_kernels_own() {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(
             interpret(Some(ExitStatus::from_raw(137 << 8))),
@@ -149,6 +168,17 @@ mod tests {
             (Some(3), None)
         );
         assert_eq!(interpret(Some(ExitStatus::from_raw(9))), (None, Some(9)));
+        assert_eq!(
+            interpret(Some(ExitStatus::from_raw(139 << 8))),
+            (Some(139), Some(libc::SIGSEGV))
+        );
+        // `exit 130` after a handled SIGINT, `exit 143` after SIGTERM: statuses.
+        for status in [129, 130, 141, 143, 200] {
+            assert_eq!(
+                interpret(Some(ExitStatus::from_raw(status << 8))),
+                (Some(status), None)
+            );
+        }
     }
 
     #[test]

@@ -315,6 +315,16 @@ fn host_identifying_proc_files_are_masked_over_the_new_proc() {
 }
 
 #[test]
+fn dev_is_read_only_once_dev_shm_is_mounted() {
+    let env = env();
+    for staged in [None, Some(Path::new("/run/nsm/stage"))] {
+        let a = argv_staged(&env, None, &[], staged);
+        let shm = a.iter().rposition(|x| x == "/dev/shm").unwrap();
+        assert!(pos(&a, &["--remount-ro", "/dev"]) > shm, "{a:?}");
+    }
+}
+
+#[test]
 fn the_root_is_read_only_once_everything_is_mounted() {
     for staged in [None, Some(Path::new("/run/nsm/stage"))] {
         let a = argv_staged(&env(), None, &[], staged);

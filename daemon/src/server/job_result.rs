@@ -4,9 +4,7 @@
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 
-use super::result::{
-    ErrorCode, ToolError, add_network, add_usage, run_error, signal_name, tool_result,
-};
+use super::result::{add_network, add_usage, run_error, signal_name, tool_result};
 use crate::jobs::{Chunk, Ending, Job, State};
 
 /// The result of `run` with `background`: the job's id, at once.
@@ -105,12 +103,8 @@ pub fn job_status(job: &Job, stdout: &Chunk, stderr: &Chunk) -> CallToolResult {
                 add_network(&mut v, &o);
                 err = run_error(&o, &job.limits);
             }
-            Some(Ending::Failed(message)) => {
-                err = Some(ToolError::new(
-                    ErrorCode::SandboxUnavailable,
-                    message,
-                    "Run it again; if it keeps failing, tell the user to run `nix-sandbox-mcp doctor`.",
-                ));
+            Some(Ending::Failed(e)) => {
+                err = Some(super::exec_error(&e));
             }
             None => {}
         }

@@ -1,0 +1,266 @@
+//! `doctor`'s look inside a test sandbox: each protection is reported from
+//! what the sandbox itself shows (its namespaces against the server's, its
+//! capability sets, its seccomp state, whether `/` takes a write, its
+//! rlimits), never from what the configuration says it should be.
+
+use std::collections::BTreeMap;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Finding;
+use crate::exec::{Executor, Request};
+
+/// Namespaces every sandbox gets, as `/proc/self/ns` names them.
+const NAMESPACES: &[(&str, &str)] = &[
+    ("user", "user"),
+    ("pid", "pid"),
+    ("ipc", "ipc"),
+    ("uts", "uts"),
+    ("cgroup", "cgroup"),
+    ("net", "network"),
+    ("mnt", "mount"),
+];
+
+/// Prints one `key value` line per fact; only POSIX sh and /proc.
+const PROBE: &str = r#"for ns in user pid ipc uts cgroup net mnt; do echo "ns_$ns $(readlink /proc/self/ns/$ns)"; done
+grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp|Seccomp_filters):' /proc/self/status | tr -d '\t' | sed 's/:/ /'
+echo "uid_maps $(wc -l < /proc/self/uid_map)"
+echo "uid_map $(head -n 1 /proc/self/uid_map | tr -s ' ' | sed 's/^ //')"
+echo "hostname $(cat /proc/sys/kernel/hostname)"
+echo "interfaces $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ' ')"
+if touch /.nsm-doctor 2>/dev/null; then echo "root writable"; else echo "root read-only"; fi
+sed -n -e 's/^Max open files  *\([0-9a-z]*\).*/open_files \1/p' -e 's/^Max file size  *\([0-9a-z]*\).*/file_size \1/p' /proc/self/limits
+"#;
+
+/// Runs the probe in a test sandbox and judges each protection.
+pub(super) async fn check(executor: &Executor) -> Vec<Finding> {
+    let env = crate::app::self_test_env(Default::default());
+    let outcome = executor
+        .run(Request {
+            env: &env,
+            code: PROBE.as_bytes(),
+            project: None,
+            inherited: &[],
+            cancel: CancellationToken::new(),
+            observer: None,
+        })
+        .await;
+    let facts = match outcome {
+        Ok(o) if o.succeeded() => parse(&o.stdout.text),
+        Ok(o) => {
+            return vec![Finding::fail(
+                "protections",
+                format!(
+                    "the probe failed in the test sandbox: {}",
+                    o.stderr.text.trim()
+                ),
+                "report this with the output of `nix-sandbox-mcp doctor --json`",
+            )];
+        }
+        Err(e) => {
+            return vec![Finding::fail(
+                "protections",
+                e.to_string(),
+                "see the sandbox check above",
+            )];
+        }
+    };
+    let programs = if executor.platform().layout.add_seccomp_fd {
+        2
+    } else {
+        1
+    };
+    vec![
+        namespaces(&facts),
+        identity(&facts),
+        seccomp(&facts, programs),
+        network(&facts),
+        root(&facts),
+        rlimits(&facts, env.limits.open_files, env.limits.file_size_bytes),
+    ]
+}
+
+fn parse(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn fact<'a>(facts: &'a BTreeMap<String, String>, key: &str) -> &'a str {
+    facts.get(key).map_or("", String::as_str)
+}
+
+fn namespaces(facts: &BTreeMap<String, String>) -> Finding {
+    let shared: Vec<&str> = NAMESPACES
+        .iter()
+        .filter(|(ns, _)| {
+            let inside = fact(facts, &format!("ns_{ns}"));
+            let server = std::fs::read_link(format!("/proc/self/ns/{ns}"))
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            inside.is_empty() || inside == server
+        })
+        .map(|(_, name)| *name)
+        .collect();
+    if shared.is_empty() {
+        let names: Vec<&str> = NAMESPACES.iter().map(|(_, name)| *name).collect();
+        return Finding::ok(
+            "namespaces",
+            format!(
+                "checked in a test sandbox: its {} namespaces each differ from the server's",
+                names.join(", ")
+            ),
+        );
+    }
+    Finding::fail(
+        "namespaces",
+        format!(
+            "a test sandbox shares the server's {} namespace(s)",
+            shared.join(", ")
+        ),
+        "report this with the output of `nix-sandbox-mcp doctor --json` and `bwrap --version`",
+    )
+}
+
+fn identity(facts: &BTreeMap<String, String>) -> Finding {
+    let zero = |key| u64::from_str_radix(fact(facts, key), 16) == Ok(0);
+    let one_uid = fact(facts, "uid_maps") == "1";
+    let map = fact(facts, "uid_map");
+    let sandbox_uid = map.split(' ').next() == Some(&crate::jail::SANDBOX_UID.to_string());
+    if zero("CapEff")
+        && zero("CapBnd")
+        && fact(facts, "NoNewPrivs") == "1"
+        && one_uid
+        && sandbox_uid
+    {
+        return Finding::ok(
+            "identity",
+            format!(
+                "checked in a test sandbox: uid map `{map}` (one uid, no other), no capabilities (effective and bounding sets empty), no new privileges"
+            ),
+        );
+    }
+    Finding::fail(
+        "identity",
+        format!(
+            "a test sandbox has CapEff {}, CapBnd {}, NoNewPrivs {}, uid map `{map}` ({} line(s))",
+            fact(facts, "CapEff"),
+            fact(facts, "CapBnd"),
+            fact(facts, "NoNewPrivs"),
+            fact(facts, "uid_maps")
+        ),
+        "report this with the output of `nix-sandbox-mcp doctor --json` and `bwrap --version`",
+    )
+}
+
+fn seccomp(facts: &BTreeMap<String, String>, programs: usize) -> Finding {
+    let mode = fact(facts, "Seccomp");
+    // Seccomp_filters is shown from Linux 5.9 on.
+    let loaded = facts.get("Seccomp_filters");
+    let count_ok = loaded.is_none_or(|n| n.parse::<usize>().is_ok_and(|n| n >= programs));
+    let rules = format!(
+        "it refuses {} calls by name and {} more for some of their arguments",
+        crate::seccomp::BLOCKED.len(),
+        crate::seccomp::CONDITIONAL.len()
+    );
+    if mode == "2" && count_ok {
+        let how_many = loaded.map_or(String::new(), |n| format!(", {n} program(s)"));
+        return Finding::ok(
+            "seccomp",
+            format!("checked in a test sandbox: filter mode{how_many}; {rules}"),
+        );
+    }
+    Finding::fail(
+        "seccomp",
+        format!(
+            "a test sandbox shows Seccomp {mode:?} and {} filter program(s), where filter mode (2) and {programs} were expected",
+            loaded.map_or("an unknown number of", String::as_str)
+        ),
+        "report this with the output of `nix-sandbox-mcp doctor --json` and `bwrap --version`",
+    )
+}
+
+fn network(facts: &BTreeMap<String, String>) -> Finding {
+    let interfaces = fact(facts, "interfaces");
+    if interfaces == "lo" {
+        return Finding::ok(
+            "network",
+            "checked in a test sandbox: loopback is its only interface; environments reach the network only through the server's proxy, by allowlist",
+        );
+    }
+    Finding::fail(
+        "network",
+        format!("a test sandbox has the interfaces {interfaces:?}, where only lo was expected"),
+        "report this with the output of `nix-sandbox-mcp doctor --json`",
+    )
+}
+
+fn root(facts: &BTreeMap<String, String>) -> Finding {
+    if fact(facts, "root") == "read-only" {
+        return Finding::ok(
+            "root",
+            "checked in a test sandbox: a write to / fails (read-only)",
+        );
+    }
+    Finding::fail(
+        "root",
+        "a test sandbox could write to /",
+        "report this with the output of `nix-sandbox-mcp doctor --json` and `bwrap --version`",
+    )
+}
+
+fn rlimits(facts: &BTreeMap<String, String>, open_files: u64, file_size_bytes: u64) -> Finding {
+    let seen = (fact(facts, "open_files"), fact(facts, "file_size"));
+    let expected = (open_files.to_string(), file_size_bytes.to_string());
+    if (seen.0, seen.1) == (expected.0.as_str(), expected.1.as_str()) {
+        return Finding::ok(
+            "rlimits",
+            format!(
+                "checked in a test sandbox: at most {} open files, files up to {} MiB",
+                seen.0,
+                file_size_bytes >> 20
+            ),
+        );
+    }
+    Finding::fail(
+        "rlimits",
+        format!(
+            "a test sandbox allows {} open files and files of {} bytes, where {} and {} were set",
+            seen.0, seen.1, expected.0, expected.1
+        ),
+        "report this with the output of `nix-sandbox-mcp doctor --json`",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_are_judged_from_what_the_sandbox_showed() {
+        let facts = parse(
+            "CapEff 0000000000000000\nCapBnd 0000000000000000\nNoNewPrivs 1\nSeccomp 2\nSeccomp_filters 2\nuid_maps 1\nuid_map 1000 1002 1\ninterfaces lo \nroot read-only\nopen_files 1024\nfile_size 268435456\n",
+        );
+        assert_eq!(identity(&facts).status, super::super::Status::Ok);
+        assert_eq!(seccomp(&facts, 2).status, super::super::Status::Ok);
+        assert_eq!(seccomp(&facts, 3).status, super::super::Status::Fail);
+        assert_eq!(network(&facts).status, super::super::Status::Ok);
+        assert_eq!(root(&facts).status, super::super::Status::Ok);
+        assert_eq!(
+            rlimits(&facts, 1024, 256 << 20).status,
+            super::super::Status::Ok
+        );
+        assert_eq!(
+            rlimits(&facts, 64, 256 << 20).status,
+            super::super::Status::Fail
+        );
+        let mut weak = facts.clone();
+        weak.insert("CapBnd".into(), "000001ffffffffff".into());
+        weak.insert("root".into(), "writable".into());
+        assert_eq!(identity(&weak).status, super::super::Status::Fail);
+        assert_eq!(root(&weak).status, super::super::Status::Fail);
+        // Namespaces the probe did not report count as shared.
+        assert_eq!(namespaces(&facts).status, super::super::Status::Fail);
+    }
+}
