@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from harness import MODE, HostListeners, call, dump, fixture_project, processes_with, run_async, session, write_config
+from harness import BIN, MODE, HostListeners, call, dump, fixture_project, processes_with, run_async, session, write_config
 
 ENVS = ("bash", "node", "python")
 
@@ -52,6 +52,22 @@ def test_a_networked_environment_is_marked_and_makes_the_tool_open_world():
             assert "network" in run.output_schema["properties"]
     run_async(t)
 
+
+
+def test_the_description_says_which_protections_this_host_lacks():
+    async def description(env: dict[str, str]) -> str:
+        async with session(env=env) as s:
+            return (await s.list_tools()).tools[0].description
+
+    weaker = run_async(description, {"NIX_SANDBOX_LIMITS": "rlimits", "NIX_SANDBOX_NEST": "off"})
+    assert "Weaker on this host: " in weaker, weaker
+    assert "limits per process, not per sandbox (no cgroup)" in weaker, weaker
+    assert "no bound on the number of files written" in weaker, weaker
+    doctor = subprocess.run([BIN, "doctor", "--json"], capture_output=True, text=True)
+    checks = {c["name"]: c["status"] for c in json.loads(doctor.stdout)["checks"]}
+    full = run_async(description, {})
+    if checks.get("limits") == "ok" and checks.get("nest") == "ok" and checks.get("bubblewrap") == "ok":
+        assert "Weaker" not in full, full
 
 
 def test_description_and_instructions_fit_the_context_budget():

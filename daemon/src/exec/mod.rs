@@ -326,6 +326,23 @@ impl Executor {
             .set(crate::caches::Caches::new(view, self.inner.platform.run_as));
     }
 
+    /// Protections this host cannot give, a few words each, for the tool
+    /// description (`doctor` explains each, with its fix).
+    pub fn missing_protections(&self) -> Vec<&'static str> {
+        let layout = &self.inner.platform.layout;
+        let mut missing = Vec::new();
+        if !layout.disable_userns || !layout.add_seccomp_fd {
+            missing.push("nested user namespaces not fully blocked (old bubblewrap)");
+        }
+        if self.inner.enforcer.mechanism() == crate::limits::Mechanism::Rlimits {
+            missing.push("memory and process limits per process, not per sandbox (no cgroup)");
+        }
+        if self.inner.nest.is_err() {
+            missing.push("no bound on the number of files written");
+        }
+        missing
+    }
+
     /// Whether sandboxes start in the nest, or why they do not.
     pub fn nest(&self) -> Result<(), &str> {
         self.inner.nest.as_ref().map(|_| ()).map_err(|e| e.as_str())

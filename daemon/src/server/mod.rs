@@ -102,7 +102,12 @@ impl SandboxServer {
             .max()
             .unwrap_or(16 * 1024);
         let tools = vec![
-            tool::run_tool(&envs, shared.project.as_ref(), output_bytes),
+            tool::run_tool(
+                &envs,
+                shared.project.as_ref(),
+                output_bytes,
+                &shared.executor.missing_protections(),
+            ),
             tool::job_tool(shared.jobs.limits()),
         ];
         for env in &envs {

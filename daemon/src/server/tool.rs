@@ -22,6 +22,7 @@ pub fn run_tool(
     envs: &[Arc<Environment>],
     project: Option<&ProjectMount>,
     output_bytes: usize,
+    missing: &[&str],
 ) -> Tool {
     let names: Vec<&str> = envs.iter().map(|e| e.name.as_str()).collect();
     let mut input = json!({
@@ -41,7 +42,7 @@ pub fn run_tool(
     let any_network = envs.iter().any(|e| e.network.policy().is_some());
     Tool::new(
         RUN,
-        description(envs, project, output_bytes),
+        description(envs, project, output_bytes, missing),
         Arc::new(object(input)),
     )
     .with_raw_output_schema(Arc::new(super::result::output_schema(
@@ -57,10 +58,12 @@ pub fn run_tool(
     )
 }
 
+/// `missing`: protections this host cannot give, said plainly.
 fn description(
     envs: &[Arc<Environment>],
     project: Option<&ProjectMount>,
     output_bytes: usize,
+    missing: &[&str],
 ) -> String {
     let timeout = |e: &Environment| {
         format!(
@@ -112,6 +115,9 @@ fn description(
         "empty each call"
     };
     d.push_str(&format!("Writable: /workspace (cwd, HOME; {fresh}). Output over {} KiB per stream is cut in the middle.", output_bytes / 1024));
+    if !missing.is_empty() {
+        d.push_str(&format!(" Weaker on this host: {}.", missing.join("; ")));
+    }
     d
 }
 

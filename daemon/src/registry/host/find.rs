@@ -216,8 +216,16 @@ impl Host {
             };
             return Ok((run.to_path_buf(), Vec::new()));
         }
-        if real.starts_with("/nix/store") {
-            return Ok((real, vec![PathBuf::from("/nix/store")]));
+        if real.starts_with(NIX_STORE) {
+            // Its closure, never the whole store (which holds every user's
+            // builds, and secrets some put there).
+            let closure = store_closure(&real).map_err(|why| {
+                Problem::new(
+                    format!("{} is in the Nix store, but its closure cannot be known: {why}", real.display()),
+                    "put nix-store on the server's PATH, or serve the interpreter as a Nix environment (docs/nix.md)",
+                )
+            })?;
+            return Ok((real, closure));
         }
         if is_script(&real) {
             return Err(Problem::new(
@@ -410,33 +418,10 @@ pub(super) fn shim_manager(candidate: &Path) -> Option<Manager> {
 /// directory, so a project's `.python-version` or `.tool-versions` counts).
 pub(super) fn ask_manager(manager: &Manager, name: &str) -> Result<PathBuf, String> {
     let asked = format!("`{} which {name}`", manager.display_name());
-    let mut child = std::process::Command::new(&manager.tool)
-        .args(["which", name])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{asked} cannot run: {e}"))?;
-    let deadline = std::time::Instant::now() + MANAGER_TIMEOUT;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10))
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{asked} did not answer within {} s",
-                    MANAGER_TIMEOUT.as_secs()
-                ));
-            }
-        }
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("{asked}: {e}"))?;
+    let out = output_within(
+        std::process::Command::new(&manager.tool).args(["which", name]),
+        &asked,
+    )?;
     let answer = String::from_utf8_lossy(&out.stdout);
     let path = answer
         .lines()
@@ -453,6 +438,62 @@ pub(super) fn ask_manager(manager: &Manager, name: &str) -> Result<PathBuf, Stri
                 .find(|l| !l.is_empty())
                 .unwrap_or("no program named");
             Err(format!("{asked} failed: {why}"))
+        }
+    }
+}
+
+const NIX_STORE: &str = "/nix/store";
+
+/// The store paths `program` (in the Nix store) needs, itself included, as
+/// `nix-store --query --requisites` lists them.
+pub(super) fn store_closure(program: &Path) -> Result<Vec<PathBuf>, String> {
+    let top: PathBuf = program.components().take(4).collect();
+    let asked = format!("`nix-store --query --requisites {}`", top.display());
+    let out = output_within(
+        std::process::Command::new("nix-store")
+            .args(["--query", "--requisites"])
+            .arg(&top),
+        &asked,
+    )?;
+    let paths: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(NIX_STORE) && p.components().count() == 4)
+        .collect();
+    if !out.status.success() || !paths.contains(&top) {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("{asked} failed: {}", stderr.trim()));
+    }
+    Ok(paths)
+}
+
+/// Runs `command` to its end within [`MANAGER_TIMEOUT`], its output read as
+/// it comes (a long answer never fills the pipe); `what` names it in errors.
+fn output_within(
+    command: &mut std::process::Command,
+    what: &str,
+) -> Result<std::process::Output, String> {
+    let child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{what} cannot run: {e}"))?;
+    let pid = rustix::process::Pid::from_raw(child.id() as i32);
+    let (done, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match wait.recv_timeout(MANAGER_TIMEOUT) {
+        Ok(out) => out.map_err(|e| format!("{what}: {e}")),
+        Err(_) => {
+            if let Some(pid) = pid {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            Err(format!(
+                "{what} did not answer within {} s",
+                MANAGER_TIMEOUT.as_secs()
+            ))
         }
     }
 }

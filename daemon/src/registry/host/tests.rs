@@ -182,3 +182,33 @@ fn description_from_probe() {
     let env = describe_from_probe(env, "3.11.2\nrequests pytest\n");
     assert_eq!(env.description, "Python 3.11.2 with requests, pytest");
 }
+
+#[test]
+fn a_store_interpreter_brings_its_closure_never_the_whole_store() {
+    let valid = std::fs::read_dir("/nix/store").ok().and_then(|entries| {
+        entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .find_map(|p| {
+                store_closure(&p.join("bin/interpreter"))
+                    .ok()
+                    .map(|c| (p, c))
+            })
+    });
+    let Some((top, closure)) = valid else {
+        eprintln!("skipped: no valid Nix store path and nix-store here");
+        return;
+    };
+    assert!(closure.contains(&top), "{closure:?}");
+    assert!(
+        closure
+            .iter()
+            .all(|p| p.starts_with("/nix/store/") && p != Path::new("/nix/store"))
+    );
+    let e = store_closure(Path::new(
+        "/nix/store/00000000000000000000000000000000-absent/bin/x",
+    ))
+    .unwrap_err();
+    assert!(e.contains("nix-store --query --requisites"), "{e}");
+}
