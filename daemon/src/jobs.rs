@@ -7,7 +7,6 @@
 //! its shutdown token).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -139,9 +138,9 @@ pub struct Job {
     /// The limits the job runs with: its environment's, with the jobs' time limit.
     pub limits: Limits,
     pub created: Instant,
+    /// Cancelled by `kill` (or the server's shutdown): from then on the job
+    /// no longer counts against `max_jobs`.
     cancel: CancellationToken,
-    /// Set by `kill`: the job no longer counts against `max_jobs`.
-    killed: AtomicBool,
     state: watch::Sender<State>,
     logs: Mutex<[Log; 2]>,
     /// How it ended, and when (tokio's clock, which tests can advance).
@@ -160,13 +159,12 @@ impl Job {
     /// Kills the job's sandbox (or takes it out of the queue); its place
     /// among the running jobs is free at once.
     pub fn kill(&self) {
-        self.killed.store(true, Ordering::SeqCst);
         self.cancel.cancel();
     }
 
     /// Whether the job takes one of the `max_jobs` places.
     fn holds_place(&self) -> bool {
-        self.state() != State::Finished && !self.killed.load(Ordering::SeqCst)
+        self.state() != State::Finished && !self.cancel.is_cancelled()
     }
 
     /// Waits until the job finishes or `limit` passes; true when finished.
@@ -278,7 +276,6 @@ impl Jobs {
             },
             created: Instant::now(),
             cancel: cancel.clone(),
-            killed: AtomicBool::new(false),
             state: watch::Sender::new(State::Queued),
             logs: Mutex::new([
                 Log::new(self.limits.output_bytes),

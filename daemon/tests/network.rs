@@ -791,6 +791,16 @@ struct Ran {
     stderr: String,
 }
 
+impl Ran {
+    /// The statuses a script printed as `exit=N` lines, in order.
+    fn exits(&self) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("exit="))
+            .collect()
+    }
+}
+
 impl Jail {
     /// Starts the command and waits for it to end.
     async fn run(self) -> Ran {
@@ -809,6 +819,22 @@ impl Jail {
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         }
     }
+}
+
+/// A jail with the proxy serving `entries`, running `script` with /bin/sh.
+async fn proxied_sh(
+    platform: &Platform,
+    entries: &[&str],
+    names: &[(&str, &str)],
+    script: String,
+) -> (Ran, RunRecord) {
+    proxied(
+        platform,
+        entries,
+        names,
+        &["/bin/sh".to_string(), "-c".into(), script],
+    )
+    .await
 }
 
 /// A jail with the proxy serving `entries`, running `command`.
@@ -997,13 +1023,9 @@ async fn curl_in_a_jail_follows_the_proxy_and_fails_without_it() {
          curl -sS -m 5 --noproxy '*' http://127.0.0.1:{p}/; echo \"exit=$?\"
          curl -sS -m 5 --noproxy '*' http://allowed.test:{p}/; echo \"exit=$?\""
     );
-    let command = ["/bin/sh".to_string(), "-c".into(), script];
-    let (ran, record) = proxied(&platform, &["allowed.test", "127.0.0.0/8"], NAMES, &command).await;
-    let exits: Vec<&str> = ran
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("exit="))
-        .collect();
+    let (ran, record) =
+        proxied_sh(&platform, &["allowed.test", "127.0.0.0/8"], NAMES, script).await;
+    let exits = ran.exits();
     assert_eq!(exits.len(), 6, "{} / {}", ran.stdout, ran.stderr);
     // Plain HTTP forwarding, then the same through a CONNECT tunnel (-p).
     assert_eq!(
@@ -1098,19 +1120,14 @@ async fn pip_downloads_from_an_allowed_index_only() {
         )
     };
     let script = format!("{}\n{}", pip("pypi.test"), pip("denied.test"));
-    let command = ["/bin/sh".to_string(), "-c".into(), script];
-    let (ran, record) = proxied(
+    let (ran, record) = proxied_sh(
         &platform,
         &["pypi.test", "127.0.0.0/8"],
         &[("pypi.test", "127.0.0.1")],
-        &command,
+        script,
     )
     .await;
-    let exits: Vec<&str> = ran
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("exit="))
-        .collect();
+    let exits = ran.exits();
     assert_eq!(exits.first(), Some(&"0"), "{} / {}", ran.stdout, ran.stderr);
     assert!(
         ran.stdout.contains("tinypkg-1.0-py3-none-any.whl"),
@@ -1155,19 +1172,14 @@ async fn npm_reads_an_allowed_registry_only() {
         )
     };
     let script = format!("{}\n{}", npm("registry.test"), npm("denied.test"));
-    let command = ["/bin/sh".to_string(), "-c".into(), script];
-    let (ran, record) = proxied(
+    let (ran, record) = proxied_sh(
         &platform,
         &["registry.test", "127.0.0.0/8"],
         &[("registry.test", "127.0.0.1")],
-        &command,
+        script,
     )
     .await;
-    let exits: Vec<&str> = ran
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("exit="))
-        .collect();
+    let exits = ran.exits();
     assert_eq!(exits.first(), Some(&"0"), "{} / {}", ran.stdout, ran.stderr);
     assert!(ran.stdout.starts_with("1.2.3\n"), "{}", ran.stdout);
     assert_ne!(exits.get(1), Some(&"0"), "{}", ran.stdout);

@@ -62,8 +62,7 @@ pub(super) async fn run_once(
     };
     // The same rule as the MCP tool's.
     if let Some(problem) = crate::exec::code_problem(&code) {
-        let problem = problem.replacen("the code", &source, 1);
-        eprintln!("nix-sandbox-mcp: nothing was run: {problem}; {HOW_TO_PASS_CODE}");
+        eprintln!("nix-sandbox-mcp: nothing was run: {source} {problem}; {HOW_TO_PASS_CODE}");
         return ExitCode::from(2);
     }
     let app = match app::start(&StartOptions {

@@ -96,27 +96,31 @@ pub enum ExecError {
     Setup(String),
 }
 
-/// What is wrong with `code` as a program, if anything. Code is text: it
-/// must be UTF-8, hold no NUL byte (interpreters refuse or silently drop
-/// them, and a session's framing cannot carry them), and not be blank.
+/// What is wrong with `code` as a program, if anything, as a predicate for
+/// the caller's name of it ("holds a NUL byte…"). Code is text: it must be
+/// UTF-8, hold no NUL byte (interpreters refuse or silently drop them, and a
+/// session's framing cannot carry them), and not be blank.
 pub fn code_problem(code: &[u8]) -> Option<String> {
     if let Some(at) = code.iter().position(|b| *b == 0) {
         return Some(format!(
-            "the code holds a NUL byte (at byte {at}); code must be text"
+            "holds a NUL byte (at byte {at}); code must be text"
         ));
     }
     if let Err(e) = std::str::from_utf8(code) {
         return Some(format!(
-            "the code is not valid UTF-8 (at byte {}); code must be text",
+            "is not valid UTF-8 (at byte {}); code must be text",
             e.valid_up_to()
         ));
     }
     if code.iter().all(u8::is_ascii_whitespace) {
-        return Some(if code.is_empty() {
-            "the code is empty".to_string()
-        } else {
-            "the code holds only whitespace".to_string()
-        });
+        return Some(
+            if code.is_empty() {
+                "is empty"
+            } else {
+                "holds only whitespace"
+            }
+            .to_string(),
+        );
     }
     None
 }

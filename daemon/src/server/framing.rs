@@ -59,7 +59,7 @@ where
 enum Line {
     /// A complete line (newline excluded).
     Whole(Vec<u8>),
-    /// A line over the limit: its first bytes and its length so far.
+    /// A line over the limit: its first [`HEAD_BYTES`].
     Oversized(Vec<u8>),
 }
 

@@ -197,7 +197,7 @@ impl SandboxServer {
             if let Some(problem) = crate::exec::code_problem(code.as_bytes()) {
                 return Err(ToolError::new(
                     ErrorCode::InvalidInput,
-                    problem.replacen("the code", "`code`", 1),
+                    format!("`code` {problem}"),
                     "Pass the program text to run in `code`; send binary data as a file in the project, or encode it (base64) and decode it in the code.",
                 ));
             }
