@@ -17,7 +17,7 @@ import uuid
 import anyio
 import pytest
 
-from harness import (HostListeners, RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session,
+from harness import (BIN, HostListeners, RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session,
                      write_config, zombie_children, cpu_quota)
 
 LIMITS = write_config(
@@ -278,6 +278,20 @@ HOST_PROC_FILES = ["/proc/cmdline", "/proc/config.gz", "/proc/sys/kernel/random/
                    "/proc/key-users", "/proc/kallsyms", "/proc/modules", "/proc/interrupts", "/proc/timer_list",
                    "/proc/sched_debug"]
 HOST_PROC_DIRS = ["/proc/acpi", "/proc/asound", "/proc/scsi"]
+
+
+def test_doctor_tries_the_filter_and_the_limits_in_a_sandbox():
+    """doctor's findings on the filter and the limits come from a probe that
+    tried to get past them inside a test sandbox, under whichever mechanism
+    this user gets (a cgroup as root here, rlimits as a user)."""
+    doctor = subprocess.run([BIN, "doctor", "--json"], capture_output=True, text=True, cwd=tempfile.gettempdir())
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    for name in ("seccomp calls", "processes", "memory"):
+        assert checks.get(name, {}).get("status") == "ok", (name, doctor.stdout)
+    assert "refused with EPERM" in checks["seccomp calls"]["detail"], checks["seccomp calls"]
+    mechanism = limits_mechanism()
+    assert ("RLIMIT_NPROC" in checks["processes"]["detail"]) == (mechanism == "rlimits"), (mechanism, checks["processes"])
+    assert ("RLIMIT_DATA" in checks["memory"]["detail"]) == (mechanism == "rlimits"), (mechanism, checks["memory"])
 
 
 def test_host_identifying_proc_files_are_masked():

@@ -47,6 +47,16 @@ wall, cpu = time.time(), time.process_time()
 while time.time() - wall < 2:
     pass
 print(round(time.process_time() - cpu, 2))' >out 2>err
+  "${launch[@]}" "$bin" --config limits.toml doctor --json >out 2>err
+  probed=$(python3 -c 'import json, sys
+checks = {c["name"]: c for c in json.load(open("out"))["checks"]}
+print("; ".join(n + ": " + checks.get(n, {}).get("status", "absent") + " (" + checks.get(n, {}).get("detail", "") + ")" for n in ("seccomp calls", "processes", "memory")))')
+  check "doctor tries the filter and the limits in a sandbox ($probed)" \
+    python3 -c 'import json, sys
+checks = {c["name"]: c for c in json.load(open("out"))["checks"]}
+ok = all(checks.get(n, {}).get("status") == "ok" for n in ("seccomp calls", "processes", "memory"))
+sys.exit(0 if ok and all("cgroup v2" in checks[n]["detail"] for n in ("processes", "memory")) else 1)'
+
   check "a quarter of a core gives a busy loop about a quarter of its time (cpu $(cat out) s in 2 s)" \
     python3 -c "import sys; sys.exit(0 if float(open('out').read()) < 1.2 else 1)"
 }

@@ -179,11 +179,15 @@ enum Command {
     },
     /// Check that sandboxing works here and say how to fix what does not
     ///
-    /// Checks, in order: the configuration, bubblewrap, a test sandbox with
-    /// every namespace, the limit mechanism, the seccomp filter, the project
-    /// directory, each environment (started once in its sandbox), and the
-    /// README's first example (`run -e python 'print(6 * 7)'`). Each problem
-    /// comes with a fix. Exits 1 when a check failed.
+    /// Checks, in order: the configuration, bubblewrap, a test sandbox and
+    /// what it shows of itself (namespaces, identity, seccomp state,
+    /// network, a read-only root, rlimits), what this binary's probe could
+    /// not do in test sandboxes (calls the seccomp filter refuses, processes
+    /// past a limit of 16, memory past a limit of 48 MiB), the nest, the
+    /// limit mechanism, the project directory, each environment (started
+    /// once in its sandbox), and the README's first example (`run -e python
+    /// 'print(6 * 7)'`). Each problem comes with a fix. Exits 1 when a check
+    /// failed.
     Doctor {
         /// Print JSON for scripts: {"version": 1, "ok": BOOL, "checks":
         /// [{"name", "status": "ok"|"warn"|"fail", "detail", "fix"}]}
@@ -224,8 +228,13 @@ pub fn main() -> ExitCode {
     // The nest's holder (see exec::nest), started by the daemon from this
     // binary; not for users, so not in --help.
     let mut args = std::env::args_os().skip(1);
-    if args.next().as_deref().and_then(|a| a.to_str()) == Some(holder::HOLDER) {
-        return holder::holder_main(args.next().as_deref().and_then(|a| a.to_str()));
+    match args.next().as_deref().and_then(|a| a.to_str()) {
+        Some(holder::HOLDER) => {
+            return holder::holder_main(args.next().as_deref().and_then(|a| a.to_str()));
+        }
+        // doctor's probe, run by doctor inside a test sandbox.
+        Some(crate::doctor::probe::PROBE) => return crate::doctor::probe::probe_main(args),
+        _ => {}
     }
     let cli = Cli::parse();
     let running = matches!(cli.command, Some(Command::Run { .. }));

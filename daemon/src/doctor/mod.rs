@@ -14,6 +14,7 @@ use crate::limits::Mechanism;
 use crate::platform::Platform;
 use crate::registry::{self, Registry};
 
+pub mod probe;
 mod protections;
 
 /// The shape of `doctor --json`; raised when a field changes meaning or goes.

@@ -1,14 +1,25 @@
 //! `doctor`'s look inside a test sandbox: each protection is reported from
 //! what the sandbox itself shows (its namespaces against the server's, its
 //! capability sets, its seccomp state, whether `/` takes a write, its
-//! rlimits), never from what the configuration says it should be.
+//! rlimits) and from what it refused when this binary's probe (see
+//! [`super::probe`]) tried to get past it (calls the filter blocks, more
+//! processes and memory than its limits), never from what the
+//! configuration says it should be.
 
 use std::collections::BTreeMap;
 
 use tokio_util::sync::CancellationToken;
 
 use super::Finding;
-use crate::exec::{Executor, Request};
+use super::probe::{PROBE, REFUSED_CALLS};
+use crate::environment::{Environment, RootFs};
+use crate::exec::{Executor, LimitKind, Outcome, Request};
+use crate::limits::Mechanism;
+
+/// The limits the probe is tried against: small, so that reaching them is
+/// quick, and well below what the probe tries for.
+const PROBE_PIDS: u64 = 16;
+const PROBE_MEMORY_MIB: u64 = 48;
 
 /// Namespaces every sandbox gets, as `/proc/self/ns` names them.
 const NAMESPACES: &[(&str, &str)] = &[
@@ -22,7 +33,7 @@ const NAMESPACES: &[(&str, &str)] = &[
 ];
 
 /// Prints one `key value` line per fact; only POSIX sh and /proc.
-const PROBE: &str = r#"for ns in user pid ipc uts cgroup net mnt; do echo "ns_$ns $(readlink /proc/self/ns/$ns)"; done
+const FACTS: &str = r#"for ns in user pid ipc uts cgroup net mnt; do echo "ns_$ns $(readlink /proc/self/ns/$ns)"; done
 grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp|Seccomp_filters):' /proc/self/status | tr -d '\t' | sed 's/:/ /'
 echo "uid_maps $(wc -l < /proc/self/uid_map)"
 echo "uid_map $(head -n 1 /proc/self/uid_map | tr -s ' ' | sed 's/^ //')"
@@ -32,20 +43,31 @@ if touch /.nsm-doctor 2>/dev/null; then echo "root writable"; else echo "root re
 sed -n -e 's/^Max open files  *\([0-9a-z]*\).*/open_files \1/p' -e 's/^Max file size  *\([0-9a-z]*\).*/file_size \1/p' /proc/self/limits
 "#;
 
-/// Runs the probe in a test sandbox and judges each protection.
-pub(super) async fn check(executor: &Executor) -> Vec<Finding> {
-    let env = crate::app::self_test_env(Default::default());
-    let outcome = executor
+async fn run(executor: &Executor, env: &Environment, code: &str) -> Result<Outcome, String> {
+    executor
         .run(Request {
-            env: &env,
-            code: PROBE.as_bytes(),
+            env,
+            code: code.as_bytes(),
             project: None,
             inherited: &[],
             cancel: CancellationToken::new(),
             observer: None,
         })
-        .await;
-    let facts = match outcome {
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Runs the probes in test sandboxes and judges each protection.
+pub(super) async fn check(executor: &Executor) -> Vec<Finding> {
+    let mut found = observe(executor).await;
+    found.extend(exercise(executor).await);
+    found
+}
+
+/// What a test sandbox shows of itself.
+async fn observe(executor: &Executor) -> Vec<Finding> {
+    let env = crate::app::self_test_env(Default::default());
+    let facts = match run(executor, &env, FACTS).await {
         Ok(o) if o.succeeded() => parse(&o.stdout.text),
         Ok(o) => {
             return vec![Finding::fail(
@@ -60,7 +82,7 @@ pub(super) async fn check(executor: &Executor) -> Vec<Finding> {
         Err(e) => {
             return vec![Finding::fail(
                 "protections",
-                e.to_string(),
+                e,
                 "see the sandbox check above",
             )];
         }
@@ -78,6 +100,173 @@ pub(super) async fn check(executor: &Executor) -> Vec<Finding> {
         root(&facts),
         rlimits(&facts, env.limits.open_files, env.limits.file_size_bytes),
     ]
+}
+
+/// Runs this binary's probe in test sandboxes with small limits: the calls
+/// the filter must refuse, then more processes and more memory than the
+/// limits allow.
+async fn exercise(executor: &Executor) -> Vec<Finding> {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            return vec![Finding::warn(
+                "probe",
+                format!(
+                    "cannot find this binary to run its probe in a test sandbox ({e}): the filter and the limits were not tried"
+                ),
+                "run doctor from an installed binary",
+            )];
+        }
+    };
+    let command = |args: &str| format!("exec {} {PROBE} {args}\n", shell_word(&exe));
+    let mut env = crate::app::self_test_env(Default::default());
+    if let RootFs::Host { extra } = &mut env.root {
+        extra.push(exe.clone());
+    }
+    let mut found = Vec::new();
+    match run(executor, &env, &command("syscalls")).await {
+        Ok(o) if o.succeeded() => found.push(refused_calls(&parse(&o.stdout.text))),
+        other => return vec![unrunnable(&exe, other)],
+    }
+    let mut few = env.clone();
+    few.limits.pids = PROBE_PIDS;
+    let tries = PROBE_PIDS * 8;
+    found.push(
+        match run(executor, &few, &command(&format!("processes {tries}"))).await {
+            Ok(o) if o.exit_code == Some(0) => processes(
+                &parse(&o.stdout.text),
+                &enforced_by(executor, "RLIMIT_NPROC"),
+            ),
+            other => unrunnable(&exe, other),
+        },
+    );
+    let mut small = env;
+    small.limits.memory_bytes = PROBE_MEMORY_MIB << 20;
+    let tries = PROBE_MEMORY_MIB * 4;
+    found.push(
+        match run(executor, &small, &command(&format!("memory {tries}"))).await {
+            Ok(o) => memory(
+                &parse(&o.stdout.text),
+                o.limit == Some(LimitKind::Memory) || o.signal == Some(libc::SIGKILL),
+                &enforced_by(executor, "RLIMIT_DATA"),
+            ),
+            Err(e) => unrunnable(&exe, Err(e)),
+        },
+    );
+    found
+}
+
+/// `path` as one word for `sh`.
+fn shell_word(path: &std::path::Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
+}
+
+fn unrunnable(exe: &std::path::Path, outcome: Result<Outcome, String>) -> Finding {
+    let why = match outcome {
+        Ok(o) => format!("exit status {:?}: {}", o.exit_code, o.stderr.text.trim()),
+        Err(e) => e,
+    };
+    Finding::warn(
+        "probe",
+        format!(
+            "this binary ({}) did not run in a test sandbox ({why}): the filter and the limits were not tried",
+            exe.display()
+        ),
+        "run doctor from a binary outside /tmp, /run and /dev (a sandbox has its own), or report this with the output of `nix-sandbox-mcp doctor --json`",
+    )
+}
+
+/// What enforces a limit: the sandbox's cgroup, or `rlimit`.
+fn enforced_by(executor: &Executor, rlimit: &str) -> String {
+    match executor.enforcer().mechanism() {
+        Mechanism::Rlimits => rlimit.to_string(),
+        m => format!("its {}", m.as_str()),
+    }
+}
+
+fn errno(n: &str) -> String {
+    match n.parse::<i32>() {
+        Ok(n) => std::io::Error::from_raw_os_error(n).to_string(),
+        Err(_) => n.to_string(),
+    }
+}
+
+fn refused_calls(facts: &BTreeMap<String, String>) -> Finding {
+    let eperm = libc::EPERM.to_string();
+    let let_through: Vec<String> = REFUSED_CALLS
+        .iter()
+        .filter(|name| fact(facts, name) != eperm)
+        .map(|name| format!("{name}: {}", errno(fact(facts, name))))
+        .collect();
+    if let_through.is_empty() {
+        return Finding::ok(
+            "seccomp calls",
+            "checked in a test sandbox: pidfd_getfd on itself, setns into its own user namespace and a vsock socket were refused with EPERM, the filter's answer (without the filter: success, EINVAL, and a socket or EAFNOSUPPORT)",
+        );
+    }
+    Finding::fail(
+        "seccomp calls",
+        format!(
+            "in a test sandbox, calls the filter refuses were not refused with EPERM: {}",
+            let_through.join("; ")
+        ),
+        "report this with the output of `nix-sandbox-mcp doctor --json` and `bwrap --version`",
+    )
+}
+
+fn processes(facts: &BTreeMap<String, String>, by: &str) -> Finding {
+    let started = fact(facts, "started").parse::<u64>().unwrap_or(u64::MAX);
+    let refused = fact(facts, "refused");
+    if started < PROBE_PIDS && refused != "none" && !refused.is_empty() {
+        return Finding::ok(
+            "processes",
+            format!(
+                "checked in a test sandbox limited to {PROBE_PIDS} processes: {started} started, the next was refused ({}), by {by}",
+                errno(refused)
+            ),
+        );
+    }
+    Finding::fail(
+        "processes",
+        format!(
+            "a test sandbox limited to {PROBE_PIDS} processes started {} ({by})",
+            fact(facts, "started")
+        ),
+        "report this with the output of `nix-sandbox-mcp doctor --json`",
+    )
+}
+
+/// `killed`: the run ended by the memory limit (a cgroup's kill).
+fn memory(facts: &BTreeMap<String, String>, killed: bool, by: &str) -> Finding {
+    let allocated = match fact(facts, "allocated") {
+        "" => "0",
+        n => n,
+    };
+    let limit = format!("limited to {PROBE_MEMORY_MIB} MiB");
+    let within = |mib: &str| mib.parse::<u64>().is_ok_and(|n| n <= PROBE_MEMORY_MIB);
+    if killed && within(allocated) {
+        return Finding::ok(
+            "memory",
+            format!(
+                "checked in a test sandbox {limit}: killed by {by} when it held {allocated} MiB"
+            ),
+        );
+    }
+    if let Some(at) = facts.get("refused").filter(|at| within(at)) {
+        return Finding::ok(
+            "memory",
+            format!(
+                "checked in a test sandbox {limit}: an allocation was refused at {at} MiB, by {by}"
+            ),
+        );
+    }
+    Finding::fail(
+        "memory",
+        format!(
+            "a test sandbox {limit} allocated {allocated} MiB, and was neither refused more nor killed ({by})"
+        ),
+        "report this with the output of `nix-sandbox-mcp doctor --json`",
+    )
 }
 
 fn parse(text: &str) -> BTreeMap<String, String> {
@@ -262,5 +451,50 @@ mod tests {
         assert_eq!(root(&weak).status, super::super::Status::Fail);
         // Namespaces the probe did not report count as shared.
         assert_eq!(namespaces(&facts).status, super::super::Status::Fail);
+    }
+
+    #[test]
+    fn the_probe_passes_only_what_was_refused() {
+        use super::super::Status::{Fail, Ok};
+        let refused = parse("pidfd_getfd 1\nsetns 1\nsocket_vsock 1\n");
+        assert_eq!(refused_calls(&refused).status, Ok);
+        // The kernel's own answers, as without the filter.
+        let open = parse("pidfd_getfd ok\nsetns 22\nsocket_vsock 97\n");
+        let judged = refused_calls(&open);
+        assert_eq!(judged.status, Fail);
+        assert!(
+            judged.detail.contains("setns: Invalid argument"),
+            "{judged:?}"
+        );
+        assert_eq!(refused_calls(&parse("")).status, Fail);
+
+        let by = "RLIMIT_NPROC";
+        assert_eq!(processes(&parse("started 13\nrefused 11\n"), by).status, Ok);
+        assert_eq!(
+            processes(&parse("started 128\nrefused none\n"), by).status,
+            Fail
+        );
+        assert_eq!(
+            processes(&parse("started 20\nrefused 11\n"), by).status,
+            Fail
+        );
+        assert_eq!(processes(&parse(""), by).status, Fail);
+
+        let by = "RLIMIT_DATA";
+        assert_eq!(memory(&parse("allocated 44\n"), true, by).status, Ok);
+        assert_eq!(
+            memory(&parse("allocated 44\nrefused 44\n"), false, by).status,
+            Ok
+        );
+        assert_eq!(
+            memory(&parse("allocated 192\nreached 192\n"), false, by).status,
+            Fail
+        );
+        assert_eq!(memory(&parse(""), false, by).status, Fail);
+        assert_eq!(
+            memory(&parse("allocated 188\nrefused 188\n"), false, by).status,
+            Fail
+        );
+        assert_eq!(memory(&parse("allocated 100\n"), true, by).status, Fail);
     }
 }
