@@ -49,6 +49,8 @@ let
   valid =
     s: v:
     (!(s ? anyOf) || builtins.any (sub: valid sub v) s.anyOf)
+    && (!(s ? oneOf) || builtins.length (builtins.filter (sub: valid sub v) s.oneOf) == 1)
+    && (!(s ? const) || v == s.const)
     && (types s == [ ] || builtins.any (ty: hasType ty v) (types s))
     && (!(s ? minimum) || !(isNumber v) || v >= s.minimum)
     && (!(s ? maximum) || !(isNumber v) || v <= s.maximum)
@@ -59,15 +61,35 @@ let
     && (!(s ? items) || !(builtins.isList v) || builtins.all (valid s.items) v)
     && (!(builtins.isAttrs v) || validTable s v);
 
-  # Whether the table `v` has only `s`'s keys, each valid, and all required.
+  # The schema of the key `name` of the table schema `s`: its property, the
+  # first of its patternProperties that matches, or its additionalProperties
+  # when that is a schema; null when `s` allows no such key.
+  keySchema =
+    s: name:
+    let
+      patterns = builtins.filter (p: matches p name) (builtins.attrNames (s.patternProperties or { }));
+      additional = s.additionalProperties or true;
+    in
+    if s.properties or { } ? ${name} then
+      s.properties.${name}
+    else if patterns != [ ] then
+      s.patternProperties.${builtins.head patterns}
+    else if builtins.isAttrs additional then
+      additional
+    else if additional == false then
+      null
+    else
+      { };
+
+  # Whether the table `v` has only keys `s` allows, each valid, and all required.
   validTable =
     s: v:
     builtins.all (
       name:
-      if s.properties or { } ? ${name} then
-        valid s.properties.${name} v.${name}
-      else
-        (s.additionalProperties or true) != false
+      let
+        sub = keySchema s name;
+      in
+      sub != null && valid sub v.${name}
     ) (builtins.attrNames v)
     && builtins.all (name: v ? ${name}) (s.required or [ ]);
 
@@ -80,6 +102,10 @@ let
     in
     if s ? enum then
       "one of ${showEnum}"
+    else if s ? const then
+      builtins.toJSON s.const
+    else if s ? oneOf then
+      builtins.concatStringsSep " or " (map describe s.oneOf)
     else if builtins.elem "integer" (types s) && s ? minimum && s ? maximum then
       "an integer between ${toString s.minimum} and ${toString s.maximum}"
     else if builtins.elem "integer" (types s) && s ? minimum then
@@ -117,16 +143,23 @@ let
         name: v:
         let
           full = "${prefix}${name}";
+          sub = keySchema s name;
         in
-        if s.properties or { } ? ${name} then
-          checkValue full s.properties.${name} v
+        if sub != null then
+          checkValue full sub v
+        else if s ? patternProperties then
+          fail full "not a valid name here (expected a match of ${builtins.concatStringsSep " or " (builtins.attrNames s.patternProperties)})"
         else
           fail full "unknown ${what} (known: ${builtins.concatStringsSep ", " known})"
       ) value;
 
+  # A table whose keys are checked one by one (so an error names the key).
+  isKeyedTable =
+    s: isTable s && (s ? properties || s ? patternProperties || builtins.isAttrs (s.additionalProperties or null));
+
   checkValue =
     key: s: v:
-    if isTable s && s ? properties then
+    if isKeyedTable s then
       checkTable "key" key s v
     else if valid s v then
       v
@@ -141,6 +174,8 @@ let
   reservedVariables = extras.reservedVariables;
   nameRule = extras.environmentName.expected;
   isValidName = name: builtins.isString name && matches extras.environmentName.pattern name;
+  commandNameRule = extras.commandName.expected;
+  isValidCommandName = name: builtins.isString name && matches extras.commandName.pattern name;
 
   variableName = tables.project.properties.inherit_env.properties.vars.items;
   isVariableName = v: builtins.isString v && matches variableName.pattern v;
@@ -188,6 +223,8 @@ in
   inherit
     isValidName
     nameRule
+    isValidCommandName
+    commandNameRule
     isVariableName
     reservedVariables
     presetAliases

@@ -74,6 +74,53 @@ let
       )
       (types.submodule environmentModule);
 
+  # One [commands.NAME] table: the keys every command needs are typed here,
+  # so a missing one is named by the module system; the rest (params,
+  # danger, confirm, …) are checked against the daemon's schema when the
+  # server is built.
+  commandModule = {
+    freeformType = tomlFormat.type;
+    options = {
+      description = mkOption {
+        type = types.str;
+        description = "What the command does: the description of its MCP tool.";
+      };
+      env = mkOption {
+        type = types.str;
+        description = "The environment the command runs in: its toolchain, jail and limits.";
+      };
+      argv = mkOption {
+        type = types.nonEmptyListOf types.str;
+        description = ''
+          The program and its arguments, never run through a shell: argv[0]
+          is literal, `{{param}}` in an argument is a parameter's value.
+        '';
+      };
+    };
+  };
+
+  # The environments a command may name: those declared, the project's, or
+  # the bundled presets when none are declared.
+  environmentNames =
+    (if cfg.environments == { } then schema.presetNames else builtins.attrNames cfg.environments)
+    ++ lib.optional (cfg.project != null) "project";
+
+  commandAssertions =
+    name: command:
+    let
+      at = "${option}.commands.${name}";
+    in
+    [
+      {
+        assertion = schema.isValidCommandName name;
+        message = "${at}: ${builtins.toJSON name} is not a valid command name (${schema.commandNameRule}); rename it.";
+      }
+      {
+        assertion = builtins.elem command.env environmentNames;
+        message = "${at}.env = ${builtins.toJSON command.env} names no environment; use one of ${lib.concatStringsSep ", " environmentNames}, or declare it in ${option}.environments.";
+      }
+    ];
+
   isNixBuilt = entry: entry.sandbox != null || entry.packages != [ ];
 
   # mkSandbox's interpreter from the table's `interpreter`: a kind by name, a
@@ -125,6 +172,9 @@ let
     cfg.settings
     // lib.optionalAttrs (cfg.environments != { }) {
       environments = lib.mapAttrs tableOf cfg.environments;
+    }
+    // lib.optionalAttrs (cfg.commands != { }) {
+      commands = lib.mapAttrs (_: command: builtins.removeAttrs command [ "_module" ]) cfg.commands;
     }
     // lib.optionalAttrs (cfg.project != null) {
       project = cfg.settings.project or { } // {
@@ -246,6 +296,34 @@ in
       '';
     };
 
+    commands = mkOption {
+      type = types.attrsOf (types.submodule commandModule);
+      default = { };
+      example = literalExpression ''
+        {
+          test = {
+            description = "Run the tests, or those whose name contains filter";
+            env = "rust";
+            argv = [ "cargo" "test" "{{filter}}" ];
+            danger = "safe";
+            separator = true;
+            params.filter = { type = "string"; pattern = "[A-Za-z0-9_:]+"; };
+          };
+        }
+      '';
+      description = ''
+        Declared commands, by name: each is an MCP tool of its own whose
+        typed parameters the agent fills in, run in `env`'s sandbox without
+        a shell. Each is a `[commands.NAME]` table of the configuration file
+        (docs/commands.md): `description`, `env` and `argv`, plus optional
+        `params`, `workdir`, `timeout_ms`, `output_bytes`, `danger`,
+        `confirm`, `disabled`, `separator`, `network` and `vars`, checked
+        when the system is built. `env` must name one of
+        {option}`programs.nix-sandbox-mcp.environments` (or a bundled
+        preset when there are none, or `project`).
+      '';
+    };
+
     project = mkOption {
       type = types.nullOr types.raw;
       default = null;
@@ -279,7 +357,12 @@ in
 
   assertions =
     lib.concatLists (lib.mapAttrsToList entryAssertions cfg.environments)
+    ++ lib.concatLists (lib.mapAttrsToList commandAssertions cfg.commands)
     ++ [
+      {
+        assertion = !(cfg.settings ? commands);
+        message = "${option}.settings.commands: set commands in ${option}.commands instead, where their environments are checked.";
+      }
       {
         assertion = !(cfg.settings ? environments);
         message = "${option}.settings.environments: set environments in ${option}.environments instead, where they may also be packages and sandboxes.";

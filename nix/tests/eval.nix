@@ -197,6 +197,72 @@ let
       expr = lib'.planServer { environments."a b".preset = "bash"; };
       throws = "environments.a b: \"a b\" is not a valid environment name";
     };
+    "a command as docs/commands.md writes it passes the check" = {
+      expr =
+        (builtins.tryEval (
+          builtins.deepSeq (lib'.planServer {
+            commands.test = {
+              description = "Run the tests";
+              env = "bash";
+              argv = [ "cargo" "test" "{{filter}}" ];
+              workdir = "crates/core";
+              timeout_ms = 600000;
+              output_bytes = 65536;
+              danger = "safe";
+              separator = true;
+              vars.RUST_BACKTRACE = "1";
+              network.allow = [ "crates.io" ];
+              params.filter = {
+                type = "string";
+                description = "Part of a test name";
+                pattern = "[A-Za-z0-9_:]+";
+              };
+              params.count = {
+                type = "integer";
+                min = 1;
+                max = 200;
+                default = 20;
+              };
+            };
+          }) true
+        )).success;
+      expected = true;
+    };
+    "a command's value out of its set is refused, named" = {
+      expr = lib'.planServer {
+        commands.test = {
+          description = "d";
+          env = "bash";
+          argv = [ "true" ];
+          danger = "low";
+        };
+      };
+      throws = "commands.test.danger: expected \"safe\" or \"moderate\" or \"high\", got \"low\"";
+    };
+    "a command's parameter of an unknown type is refused, named" = {
+      expr = lib'.planServer {
+        commands.test = {
+          description = "d";
+          env = "bash";
+          argv = [ "true" "{{x}}" ];
+          params.x.type = "strin";
+        };
+      };
+      throws = "commands.test.params.x.type: expected one of \"string\", \"integer\", \"number\", \"boolean\", \"enum\" or \"path\", got \"strin\"";
+    };
+    "a command without argv is refused" = {
+      expr = lib'.planServer {
+        commands.test = {
+          description = "d";
+          env = "bash";
+        };
+      };
+      throws = "commands.test: missing argv";
+    };
+    "an invalid command name is refused" = {
+      expr = lib'.planServer { commands."a b" = { description = "d"; env = "bash"; argv = [ "true" ]; }; };
+      throws = "commands.a b: not a valid name here";
+    };
     "an unknown table is refused" = {
       expr = lib'.planServer { enviroments = { }; };
       throws = "enviroments: unknown table";

@@ -330,6 +330,91 @@ let
         };
       };
     };
+    "commands become [commands.NAME] tables of the config file, their environments checked" = {
+      expr =
+        let
+          settings = with' {
+            commands.test = {
+              description = "Run the tests";
+              env = "py";
+              argv = [
+                "pytest"
+                "{{filter}}"
+              ];
+              danger = "safe";
+              params.filter.type = "string";
+            };
+          };
+        in
+        {
+          commands = (configOf settings).commands;
+          failed = failedAssertions (nixos { inherit settings; }).config;
+          # Built: the table passed the daemon's schema.
+          sandboxes = builtins.attrNames (finalPackage settings).sandboxes;
+        };
+      expected = {
+        commands.test = {
+          description = "Run the tests";
+          env = "py";
+          argv = [
+            "pytest"
+            "{{filter}}"
+          ];
+          danger = "safe";
+          params.filter.type = "string";
+        };
+        failed = [ ];
+        sandboxes = [
+          "bash"
+          "python"
+        ];
+      };
+    };
+    "a command's environment, name and place are asserted with the fix" = {
+      expr = failedAssertions
+        (nixos {
+          settings = with' {
+            settings.commands.old = {
+              description = "d";
+              env = "py";
+              argv = [ "true" ];
+            };
+            commands."bad name" = {
+              description = "d";
+              env = "ruby";
+              argv = [ "true" ];
+            };
+          };
+        }).config;
+      expected = [
+        "programs.nix-sandbox-mcp.commands.bad name: \"bad name\" is not a valid command name (1 to 60 letters, digits, '_' or '-'); rename it."
+        "programs.nix-sandbox-mcp.commands.bad name.env = \"ruby\" names no environment; use one of py, sh, or declare it in programs.nix-sandbox-mcp.environments."
+        "programs.nix-sandbox-mcp.settings.commands: set commands in programs.nix-sandbox-mcp.commands instead, where their environments are checked."
+      ];
+    };
+    "without environments, a command may use a bundled preset; argv may not be empty" = {
+      expr =
+        let
+          command = argv: {
+            programs.nix-sandbox-mcp = {
+              enable = true;
+              commands.t = {
+                description = "d";
+                env = "python";
+                inherit argv;
+              };
+            };
+          };
+        in
+        {
+          failed = failedAssertions (nixos { settings = command [ "true" ]; }).config;
+          empty = (builtins.tryEval (builtins.deepSeq (configOf (command [ ])).commands true)).success;
+        };
+      expected = {
+        failed = [ ];
+        empty = false;
+      };
+    };
     "environments may be package lists, packages, tables with packages and sandboxes" = {
       expr = builtins.mapAttrs (_: a: {
         inherit (a.manifestTemplate) name;

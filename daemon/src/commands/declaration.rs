@@ -144,7 +144,9 @@ impl Danger {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct CommandName(pub String);
 
-const NAME_RULE: &str = "1 to 60 letters, digits, '_' or '-'";
+pub const NAME_RULE: &str = "1 to 60 letters, digits, '_' or '-'";
+/// [`NAME_RULE`] as a regular expression, for the schema.
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9_-]{1,60}$";
 
 pub fn is_valid_name(v: &str) -> bool {
     !v.is_empty()
@@ -171,7 +173,7 @@ impl JsonSchema for CommandName {
         "CommandName".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,60}$", "description": NAME_RULE, "x-expected": NAME_RULE})
+        json_schema!({"type": "string", "pattern": NAME_PATTERN, "description": NAME_RULE, "x-expected": NAME_RULE})
     }
 }
 

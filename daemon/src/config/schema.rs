@@ -24,6 +24,10 @@ pub fn json_schema() -> Value {
         "presets": PRESET_NAMES,
         "reservedVariables": RESERVED_VARS,
         "environmentName": {"pattern": ENV_NAME_PATTERN, "expected": ENV_NAME_RULE},
+        "commandName": {
+            "pattern": crate::commands::declaration::NAME_PATTERN,
+            "expected": crate::commands::declaration::NAME_RULE,
+        },
     });
     schema
 }

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Sustained throughput: calls per second with k calls always in flight (a
+new one the moment one ends, so the server has no idle time to prepare the
+next sandbox ahead), against bare bubblewrap running the same program the
+same way, k at a time, in the same run.
+
+Rows, per k (default 1, 2, 4, 8), each for --seconds, interleaved over
+--rounds:
+  bare bwrap    k threads, each starting bubblewrap (every namespace, /usr
+                read-only) back to back
+  MCP run       k tools/call requests in flight on one server (limits on:
+                the cgroup where the server has one, rlimits otherwise)
+  MCP, rlimits  the same with cgroups off (NIX_SANDBOX_LIMITS=rlimits)
+
+The server runs with max_concurrent_runs = the largest k, so that every
+call in flight has a sandbox. Any call that is not ok is counted by its
+error code and printed: under load there must be none.
+
+Run it as root and as a non-root user (without a delegated cgroup, the
+non-root server has rlimits only: the row that matters most to users).
+
+usage: bench/sustained.py [--bin target/release/nix-sandbox-mcp] [--seconds 5] [--rounds 2] [--env bash]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import time
+
+from bench import ROOT, Server, bare_bwrap, workdir
+
+PROGRAMS = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3")}
+
+
+class Pipelined(Server):
+    """A server kept busy with k requests in flight."""
+
+    def send_run(self, env: str, code: str) -> int:
+        self.next_id += 1
+        msg = {"jsonrpc": "2.0", "id": self.next_id, "method": "tools/call",
+               "params": {"name": "run", "arguments": {"env": env, "code": code}}}
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+        return self.next_id
+
+    def sustain(self, env: str, code: str, k: int, seconds: float) -> tuple[int, collections.Counter]:
+        """Calls completed ok in `seconds` with `k` always in flight, and the
+        error codes of those that were not."""
+        failures: collections.Counter = collections.Counter()
+        in_flight = {self.send_run(env, code) for _ in range(k)}
+        deadline = time.monotonic() + seconds
+        ok = 0
+        while in_flight:
+            reply = json.loads(self.proc.stdout.readline())
+            if reply.get("id") not in in_flight:
+                continue
+            in_flight.discard(reply["id"])
+            content = reply.get("result", {}).get("structuredContent") or {}
+            if content.get("ok"):
+                ok += 1
+            else:
+                failures[(content.get("error") or {}).get("code") or json.dumps(reply)[:200]] += 1
+            if time.monotonic() < deadline:
+                in_flight.add(self.send_run(env, code))
+        return ok, failures
+
+
+def bare(script: str, interpreter: str, k: int, seconds: float) -> int:
+    argv = bare_bwrap(script, interpreter)
+    deadline = time.monotonic() + seconds
+
+    def worker() -> int:
+        n = 0
+        while time.monotonic() < deadline:
+            subprocess.run(argv, check=True)
+            n += 1
+        return n
+
+    with concurrent.futures.ThreadPoolExecutor(k) as pool:
+        return sum(pool.map(lambda _: worker(), range(k)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ks", default="1,2,4,8")
+    ap.add_argument("--env", choices=sorted(PROGRAMS), default="bash")
+    a = ap.parse_args()
+    if not pathlib.Path(a.bin).exists():
+        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
+    ks = [int(k) for k in a.ks.split(",")]
+    code, interpreter = PROGRAMS[a.env]
+
+    work, env = workdir()
+    script = pathlib.Path(work) / "script"
+    script.write_text(code)
+    config = pathlib.Path(work) / "config.toml"
+    config.write_text(f"[server]\nmax_concurrent_runs = {max(ks)}\nmax_queued_runs = {4 * max(ks)}\n")
+    servers = {
+        "MCP run": Pipelined(a.bin, env, ["--config", str(config)]),
+        "MCP run, rlimits only": Pipelined(a.bin, {**env, "NIX_SANDBOX_LIMITS": "rlimits"}, ["--config", str(config)]),
+    }
+    for s in servers.values():  # warm caches, the pool and the cgroups
+        s.sustain(a.env, code, max(ks), 1)
+    bare(str(script), interpreter, 1, 1)
+
+    done: dict[tuple[int, str], int] = collections.Counter()
+    failures: dict[tuple[int, str], collections.Counter] = collections.defaultdict(collections.Counter)
+    for _ in range(a.rounds):
+        for k in ks:
+            done[(k, "bare bwrap")] += bare(str(script), interpreter, k, a.seconds)
+            for label, s in servers.items():
+                ok, failed = s.sustain(a.env, code, k, a.seconds)
+                done[(k, label)] += ok
+                failures[(k, label)].update(failed)
+    for s in servers.values():
+        s.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+    total = a.seconds * a.rounds
+    print(f"{a.env}, {a.rounds} x {a.seconds:g} s per row, uid {os.getuid()}")
+    print(f"{'k':>2} {'path':24} {'calls/s':>9} {'÷ bare bwrap':>13}  failed")
+    for k in ks:
+        floor = done[(k, "bare bwrap")] / total
+        for label in ["bare bwrap", *servers]:
+            rate = done[(k, label)] / total
+            failed = ", ".join(f"{code} x{n}" for code, n in failures[(k, label)].items()) or "-"
+            print(f"{k:>2} {label:24} {rate:9.1f} {rate / floor:13.2f}  {failed}")
+
+
+if __name__ == "__main__":
+    main()
