@@ -181,6 +181,80 @@ fn envs_lists_name_description_source_interpreter_and_limits() {
 }
 
 #[test]
+fn envs_and_doctor_list_the_declared_commands_and_refuse_broken_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let declared = "[commands.log]\ndescription = \"Recent commits\"\nenv = \"bash\"\nargv = [\"git\", \"log\", \"--max-count={{n}}\"]\ndanger = \"safe\"\nconfirm = true\nseparator = true\n[commands.log.params.n]\ntype = \"integer\"\nrequired = true\n";
+    let cfg = config(dir.path(), declared);
+    let with = |args: &[&str]| {
+        out(&mut cli(
+            &[&["--config", cfg.to_str().unwrap()], args].concat()
+        ))
+    };
+
+    let o = with(&["envs"]);
+    let t = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    for s in [
+        "command log (tool log)",
+        "runs:        git log -- --max-count={{n}} (in bash, danger safe, asks the user first)",
+        "parameter:   n (integer, required)",
+    ] {
+        assert!(t.contains(s), "envs lacks {s}:\n{t}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&with(&["envs", "--json"]).stdout).unwrap();
+    let log = &v["commands"][0];
+    assert_eq!(log["tool"], "log");
+    assert_eq!(
+        log["argv"],
+        serde_json::json!(["git", "log", "--", "--max-count={{n}}"])
+    );
+    assert_eq!(log["params"][0]["schema"]["type"], "integer");
+
+    let o = with(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let check = |v: &serde_json::Value| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "commands")
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(check(&v)["status"], "ok", "{v}");
+    assert!(
+        check(&v)["detail"]
+            .as_str()
+            .unwrap()
+            .contains("log (in bash)")
+    );
+
+    // An environment that does not exist: envs fails as --stdio would, and
+    // doctor names the key and the environments there are.
+    config(
+        dir.path(),
+        &declared.replace("env = \"bash\"", "env = \"rubyy\""),
+    );
+    let o = with(&["envs"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("commands.log.env"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = with(&["doctor", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(check(&v)["status"], "fail", "{v}");
+    assert!(
+        check(&v)["detail"]
+            .as_str()
+            .unwrap()
+            .contains("there is no environment \"rubyy\"")
+    );
+}
+
+#[test]
 fn configured_environments_replace_the_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(

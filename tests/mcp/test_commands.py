@@ -54,14 +54,17 @@ def write_declarations(proj: pathlib.Path, text: str) -> None:
 
 @contextlib.asynccontextmanager
 async def client(config: str | None = None, project: pathlib.Path | None = None, env: dict[str, str] | None = None,
-                 elicit: Any = None, notifications: list | None = None) -> AsyncIterator[ClientSession]:
+                 elicit: Any = None, notifications: list | None = None,
+                 log: pathlib.Path | None = None) -> AsyncIterator[ClientSession]:
+    """A client session; the server's log goes to `log` when one is given."""
     params = server_params(config=config, project=str(project) if project else None, env=env)
 
     async def on_message(message: Any) -> None:
         if notifications is not None:
             notifications.append(message)
 
-    with open(os.devnull, "w") if not os.environ.get("NSM_SHOW_SERVER_LOG") else contextlib.nullcontext(None) as errlog:
+    quiet = log is None and not os.environ.get("NSM_SHOW_SERVER_LOG")
+    with open(log or os.devnull, "w") if log or quiet else contextlib.nullcontext(None) as errlog:
         ctx = stdio_client(params, errlog=errlog) if errlog else stdio_client(params)
         async with ctx as (r, w):
             async with ClientSession(r, w, elicitation_callback=elicit, message_handler=on_message) as s:
@@ -282,9 +285,11 @@ def confirmed_config() -> tuple[str, str]:
 def test_confirmation_by_token_works_once_and_only_for_its_invocation():
     config, audit = confirmed_config()
     tokens: list[str] = []
+    # The most the server logs without naming rmcp: still no token.
+    server_log = readable_tmpdir() / "server.log"
 
     async def t():
-        async with client(config=config, project=make_project()) as s:
+        async with client(config=config, project=make_project(), env={"RUST_LOG": "trace"}, log=server_log) as s:
             sc, text, err = await call(s, "deploy", {"branch": "main"})
             assert err and sc["error"]["code"] == "confirmation_required", dump(sc)
             conf = sc["confirmation"]
@@ -318,6 +323,8 @@ def test_confirmation_by_token_works_once_and_only_for_its_invocation():
     assert events[2]["exit_code"] == 0
     log = pathlib.Path(audit).read_text()
     assert not any(t in log for t in tokens), "tokens are never logged"
+    log = server_log.read_text()
+    assert "shutting down" in log and not any(t in log for t in tokens), "nor in the server's log, even at trace"
 
 
 def test_an_expired_token_runs_nothing():

@@ -1,6 +1,8 @@
-//! `envs`: the environments, their sources and limits, as text or JSON.
+//! `envs`: the environments, their sources and limits, and the declared
+//! commands offered as tools, as text or JSON.
 
 use super::*;
+use crate::commands::Offered;
 
 pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
     let app = match app::start(opts).await {
@@ -8,6 +10,13 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
         Err(e) => return fail(e),
     };
     let mechanism = app.executor.enforcer().describe();
+    let commands = match app::declared_commands(&app.config, &app.registry, app.project.as_ref()) {
+        Ok(c) => c.catalog(),
+        Err(e) => {
+            app.executor.shutdown().await;
+            return fail(e);
+        }
+    };
     let mut text = String::new();
     if json {
         let envs: Vec<serde_json::Value> = app
@@ -36,6 +45,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             "project": app.project.as_ref().map(|p| serde_json::json!({"path": p.host_path, "mount_point": p.mount_point, "mode": p.access.name()})),
             "warnings": app.registry.warnings,
             "sources": app.registry.sources.iter().map(|(name, about)| serde_json::json!({"name": name, "about": about})).collect::<Vec<_>>(),
+            "commands": commands.offered.iter().map(command_json).collect::<Vec<_>>(),
         });
         text = serde_json::to_string_pretty(&out).unwrap_or_default() + "\n";
     } else {
@@ -78,6 +88,9 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
         for (alias, target) in app.registry.aliases() {
             let _ = writeln!(text, "({alias} is another name for {target})");
         }
+        for offered in &commands.offered {
+            text += &command_text(offered);
+        }
         let _ = writeln!(text, "limits enforced with: {mechanism}");
         match (&app.project, &app.project_note) {
             (Some(p), _) => {
@@ -102,4 +115,51 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
     let mut out = Out::default();
     out.print(&text);
     out.finish(ExitCode::SUCCESS)
+}
+
+/// A declared command as `envs --json` lists it.
+fn command_json(offered: &Offered) -> serde_json::Value {
+    let c = &offered.command;
+    serde_json::json!({
+        "name": c.name, "tool": offered.tool, "description": c.description, "env": c.env,
+        "argv": c.template.declared(), "workdir": c.workdir, "danger": c.danger.as_str(), "confirm": c.confirm,
+        "network": c.network.policy().map(|p| p.summary()), "file": c.file,
+        "params": c.params.iter().map(|p| serde_json::json!({"name": p.name, "type": p.kind.name(), "required": p.required, "schema": p.schema()})).collect::<Vec<_>>(),
+    })
+}
+
+/// A declared command as `envs` lists it, after the environments.
+fn command_text(offered: &Offered) -> String {
+    let c = &offered.command;
+    let mut text = format!(
+        "command {} (tool {})\n    {}\n",
+        c.name, offered.tool, c.description
+    );
+    let mut how = vec![
+        format!("in {}", c.env),
+        format!("danger {}", c.danger.as_str()),
+    ];
+    if c.confirm {
+        how.push("asks the user first".into());
+    }
+    if let Some(p) = c.network.policy() {
+        how.push(format!("network to {}", p.summary()));
+    }
+    let _ = writeln!(
+        text,
+        "    runs:        {} ({})",
+        c.template.declared().join(" "),
+        how.join(", ")
+    );
+    for p in &c.params {
+        let need = if p.required { "required" } else { "optional" };
+        let _ = writeln!(
+            text,
+            "    parameter:   {} ({}, {need})",
+            p.name,
+            p.kind.name()
+        );
+    }
+    let _ = writeln!(text, "    declared in: {}", c.file.display());
+    text
 }

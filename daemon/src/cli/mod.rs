@@ -72,6 +72,9 @@ ENVIRONMENT
     XDG_CACHE_HOME     Where environments' caches are kept (default ~/.cache;
                        /var/cache for root): nix-sandbox-mcp/caches/.
     RUST_LOG           Log filter, e.g. debug or nix_sandbox_mcp=trace (logs go to stderr).
+                       The MCP messages themselves (arguments and confirmation
+                       tokens included) are logged only when it names rmcp, as
+                       in debug,rmcp=debug.
     NIX_SANDBOX_MCP_COMMAND
                        The command client-config tells clients to run (the Nix
                        package's wrapper sets it to itself; default: this binary).
@@ -153,7 +156,11 @@ enum Command {
         #[arg(value_name = "CODE", required_unless_present = "file")]
         code: Option<String>,
     },
-    /// List the environments: name, description, source, interpreter, limits
+    /// List the environments (name, description, source, interpreter,
+    /// limits) and the declared commands offered as tools
+    ///
+    /// Exits 1, as `--stdio` would refuse to start, when a declared command
+    /// is invalid (each problem named with its file, line and fix).
     Envs {
         /// Print JSON instead of text
         #[arg(long)]
@@ -185,9 +192,9 @@ enum Command {
     /// not do in test sandboxes (calls the seccomp filter refuses, processes
     /// past a limit of 16, memory past a limit of 48 MiB), the nest, the
     /// limit mechanism, the project directory, each environment (started
-    /// once in its sandbox), and the README's first example (`run -e python
-    /// 'print(6 * 7)'`). Each problem comes with a fix. Exits 1 when a check
-    /// failed.
+    /// once in its sandbox), the declared commands, and the README's first
+    /// example (`run -e python 'print(6 * 7)'`). Each problem comes with a
+    /// fix. Exits 1 when a check failed.
     Doctor {
         /// Print JSON for scripts: {"version": 1, "ok": BOOL, "checks":
         /// [{"name", "status": "ok"|"warn"|"fail", "detail", "fix"}]}
@@ -260,18 +267,29 @@ pub fn main() -> ExitCode {
     result
 }
 
+/// What the log shows of rmcp unless RUST_LOG names it: it logs every
+/// message with its arguments at info and below, confirmation tokens
+/// included, and those are never logged unless asked for by name.
+const RMCP_QUIET: &str = "rmcp=warn";
+
 fn init_logging(verbose: u8, serving: bool, running: bool) {
-    // rmcp logs every message at info; keep it for -v. `run` reports the
-    // registry's warnings about its own environment only (see run_once).
+    // `run` reports the registry's warnings about its own environment only
+    // (see run_once).
     let default = match verbose {
-        0 if serving => "info,rmcp=warn",
+        0 if serving => "info",
         0 if running => "warn,nix_sandbox_mcp::registry=error",
         0 => "warn",
         1 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let asked = std::env::var("RUST_LOG").ok();
+    let directives = match asked.as_deref() {
+        Some(asked) if asked.contains("rmcp") => asked.to_string(),
+        Some(asked) => format!("{asked},{RMCP_QUIET}"),
+        None => format!("{default},{RMCP_QUIET}"),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default},{RMCP_QUIET}")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -129,6 +129,17 @@ impl Template {
         self.separator
     }
 
+    /// The argv as declared, placeholders as `{{name}}` (with the `--` the
+    /// separator adds), for listings.
+    pub fn declared(&self) -> Vec<String> {
+        let placeholders: Vec<(&str, String)> = self
+            .params()
+            .into_iter()
+            .map(|n| (n, format!("{{{{{n}}}}}")))
+            .collect();
+        self.render(&placeholders.into_iter().collect())
+    }
+
     /// The argv for these values. An element that mentions a parameter
     /// without a value is left out whole.
     pub fn render(&self, values: &BTreeMap<&str, String>) -> Vec<String> {
@@ -325,6 +336,15 @@ mod tests {
 
     fn values<'a>(pairs: &[(&'a str, &str)]) -> BTreeMap<&'a str, String> {
         pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+    }
+
+    #[test]
+    fn the_declared_form_keeps_placeholders_and_the_separator() {
+        let tpl = t(&["git", "log", "--max-count={{n}}", "{{path}}"], true);
+        assert_eq!(
+            tpl.declared(),
+            ["git", "log", "--", "--max-count={{n}}", "{{path}}"]
+        );
     }
 
     #[test]

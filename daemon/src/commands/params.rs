@@ -41,6 +41,18 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The type as declared (`type = "..."`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kind::String { .. } => "string",
+            Kind::Integer { .. } => "integer",
+            Kind::Number { .. } => "number",
+            Kind::Boolean => "boolean",
+            Kind::Enum { .. } => "enum",
+            Kind::Path { .. } => "path",
+        }
+    }
+
     pub fn is_path(&self) -> bool {
         matches!(self, Kind::Path { .. })
     }

@@ -128,6 +128,7 @@ pub async fn run(opts: &StartOptions, mut report: impl FnMut(&Finding)) -> Vec<F
     record(check_limits(&s));
     record(check_project(&mut s));
     record(check_environments(&mut s).await);
+    record(check_commands(&s));
     record(check_example_run(&s).await);
     if let Some(executor) = s.executor {
         executor.shutdown().await;
@@ -346,6 +347,35 @@ async fn check_environments(s: &mut State) -> Vec<Finding> {
     }
     s.registry = Some(reg);
     found
+}
+
+/// The declared commands, checked as `--stdio` checks them before serving.
+fn check_commands(s: &State) -> Vec<Finding> {
+    let (Some(config), Some(reg)) = (&s.config, &s.registry) else {
+        return Vec::new();
+    };
+    match app::declared_commands(config, reg, s.project.as_ref()) {
+        Ok(commands) => {
+            let catalog = commands.catalog();
+            if catalog.is_empty() {
+                return Vec::new();
+            }
+            let listed: Vec<String> = catalog
+                .offered
+                .iter()
+                .map(|o| format!("{} (in {})", o.tool, o.command.env))
+                .collect();
+            vec![Finding::ok(
+                "commands",
+                format!("offered as tools: {}", listed.join(", ")),
+            )]
+        }
+        Err(e) => vec![Finding::fail(
+            "commands",
+            e.to_string(),
+            "correct each declaration as its problem says (docs/commands.md); the server does not start until they are valid",
+        )],
+    }
 }
 
 /// The environment and code of the README's first `run` command.
