@@ -378,6 +378,31 @@ def test_confirmation_by_elicitation(answer, code):
     assert events == (["asked", "confirmed", "run"] if code is None else ["asked", "declined"]), events
 
 
+def test_a_call_waiting_for_the_users_answer_reports_progress():
+    """While the user thinks, the call reports that it waits for them (which
+    keeps clients with short request timeouts waiting); once they agree, the
+    run's progress goes on from there: the values only grow."""
+    config, _ = confirmed_config()
+    updates: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append((progress, total, message))
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        await anyio.sleep(2.5)
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    async def t():
+        async with client(config=config, project=make_project(), elicit=elicit) as s:
+            sc, _, err = await call(s, "deploy", {"branch": "main"}, progress_callback=on_progress)
+            assert not err and sc["stdout"] == "deploying main\n", dump(sc)
+    run_async(t)
+    waiting = [u for u in updates if u[2] and u[2].startswith("waiting for the user to confirm deploy")]
+    assert len(waiting) >= 2, updates
+    values = [u[0] for u in updates]
+    assert values == sorted(values) and len(set(values)) == len(values), updates
+
+
 def test_an_unanswered_question_expires_and_runs_nothing():
     config, audit = confirmed_config()
 

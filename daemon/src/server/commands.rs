@@ -42,6 +42,12 @@ impl SandboxServer {
         let digest = inv.digest();
         if confirm::client_can_ask(context.client_capabilities().as_ref()) {
             self.audit_command("asked", &inv, Some("elicitation"), None, None);
+            // Progress while the user thinks keeps clients with short
+            // request timeouts waiting, and tells the agent why.
+            let asked = std::time::Instant::now();
+            let waiting = progress
+                .as_ref()
+                .map(|p| p.waiting(&offered.tool, commands.ask_timeout));
             let answer = confirm::ask(
                 &context.peer,
                 question(offered, &inv),
@@ -49,9 +55,13 @@ impl SandboxServer {
                 &context.ct,
             )
             .await;
+            if let Some(w) = waiting {
+                w.abort();
+            }
             let (event, error) = match answer {
                 Answer::Approved => {
                     self.audit_command("confirmed", &inv, Some("elicitation"), None, None);
+                    let progress = progress.map(|p| p.after(asked.elapsed()));
                     return self
                         .run_invocation(&inv, context.ct.clone(), progress)
                         .await;

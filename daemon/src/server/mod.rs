@@ -78,6 +78,9 @@ pub struct SandboxServer {
 struct Progress {
     peer: Peer<RoleServer>,
     token: ProgressToken,
+    /// How long an earlier phase of the call (a question to the user) has
+    /// already reported.
+    before: Duration,
 }
 
 impl Progress {
@@ -89,7 +92,35 @@ impl Progress {
             self.token,
             move |elapsed| live.message(elapsed, limit),
             limit,
+            self.before,
         )
+    }
+
+    /// Reports a wait for the user's answer about `tool` until the returned
+    /// task is aborted.
+    fn waiting(&self, tool: &str, limit: Duration) -> tokio::task::JoinHandle<()> {
+        let tool = tool.to_string();
+        progress::report(
+            self.peer.clone(),
+            self.token.clone(),
+            move |elapsed| {
+                format!(
+                    "waiting for the user to confirm {tool}: {:.0} s of {:.0} s",
+                    elapsed.as_secs_f64(),
+                    limit.as_secs_f64()
+                )
+            },
+            limit,
+            self.before,
+        )
+    }
+
+    /// The same, for the phase that follows one of `took`.
+    fn after(self, took: Duration) -> Progress {
+        Progress {
+            before: self.before + took,
+            ..self
+        }
     }
 }
 
@@ -454,6 +485,7 @@ impl SandboxServer {
                         p.token,
                         move |_| format!("{} {}", waited.id, waited.state().as_str()),
                         limit,
+                        p.before,
                     )
                 });
                 job.wait(Duration::from_secs_f64(wait)).await;
@@ -594,6 +626,7 @@ impl ServerHandler for SandboxServer {
         let progress = context.meta.get_progress_token().map(|token| Progress {
             peer: context.peer.clone(),
             token,
+            before: Duration::ZERO,
         });
         let args = request.arguments.as_ref();
         match request.name.as_ref() {

@@ -89,12 +89,15 @@ fn size(bytes: u64) -> String {
 }
 
 /// Sends progress now and every [`INTERVAL`] until the returned task is
-/// aborted: elapsed seconds out of `limit`, with `message(elapsed)`.
+/// aborted: elapsed seconds out of `limit`, with `message(elapsed)`. The
+/// values reported go on from `before`, the time an earlier phase of the
+/// same call already reported (progress must only grow).
 pub fn report(
     peer: Peer<RoleServer>,
     token: ProgressToken,
     message: impl Fn(Duration) -> String + Send + 'static,
     limit: Duration,
+    before: Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let start = Instant::now();
@@ -102,9 +105,10 @@ pub fn report(
         loop {
             every.tick().await;
             let elapsed = start.elapsed();
-            let note = ProgressNotificationParam::new(token.clone(), elapsed.as_secs_f64())
-                .with_total(limit.as_secs_f64())
-                .with_message(message(elapsed));
+            let note =
+                ProgressNotificationParam::new(token.clone(), (before + elapsed).as_secs_f64())
+                    .with_total((before + limit).as_secs_f64())
+                    .with_message(message(elapsed));
             if peer.notify_progress(note).await.is_err() {
                 break;
             }
