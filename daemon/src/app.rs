@@ -15,7 +15,7 @@ use crate::jail::{ProjectAccess, ProjectMount};
 use crate::jobs::JobLimits;
 use crate::limits::Enforcer;
 use crate::platform::{Platform, PlatformError};
-use crate::registry::{self, Prober, Registry};
+use crate::registry::{self, Builds, Gathered, Prober, Registry};
 use crate::sessions::SessionLimits;
 
 pub struct App {
@@ -26,6 +26,11 @@ pub struct App {
     pub project: Option<ProjectMount>,
     /// Why the project is not mounted, when it is not.
     pub project_note: Option<String>,
+    /// What the sources offered, for loading the registry again as builds end.
+    pub gathered: Gathered,
+    /// Builds still to run ([`StartOptions::background_builds`]); in a
+    /// mutex so that an `App` can be shared between threads.
+    pub builds: std::sync::Mutex<Builds>,
 }
 
 /// Why the server cannot start, with the fix.
@@ -56,6 +61,9 @@ pub struct StartOptions {
     pub quick: bool,
     /// Keep sandboxes started ahead of time (for a long-running server).
     pub prestart: bool,
+    /// Hand the Nix builds the sources start back in [`App::builds`] instead
+    /// of waiting for them (for a server, which answers its client first).
+    pub background_builds: bool,
 }
 
 pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
@@ -86,13 +94,20 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     if let Some(note) = &project_note {
         tracing::warn!("{note}");
     }
+    let (mut gathered, mut builds) = (Gathered::default(), Builds::default());
     let registry = if opts.load_environments {
         let project_dir = project.as_ref().map(|p| p.host_path.as_path());
-        let gathered = registry::gather(&config, project_dir, &registry::sources()).await;
+        let sources = registry::sources();
+        if opts.background_builds {
+            (gathered, builds) = registry::gather_now(&config, project_dir, &sources);
+        } else {
+            gathered = registry::gather(&config, project_dir, &sources).await;
+        }
         let prober = ExecProber(executor.clone());
         let prober: Option<&dyn Prober> = if opts.quick { None } else { Some(&prober) };
-        let reg = registry::load(&config, gathered, prober).await;
-        if reg.is_empty() {
+        let reg = registry::load(&config, gathered.clone(), prober).await;
+        reg.log_new_warnings(None);
+        if reg.is_empty() && reg.building.is_empty() {
             return Err(StartError::NoEnvironments(reg.warnings.clone()));
         }
         reg
@@ -106,6 +121,8 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
         registry,
         project,
         project_note,
+        gathered,
+        builds: std::sync::Mutex::new(builds),
     })
 }
 
@@ -169,7 +186,8 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
 }
 
 /// The declared commands: the configuration's `[commands.NAME]` and the
-/// project file's, checked against the environments that loaded.
+/// project file's, checked against the environments that loaded or are
+/// being built.
 pub fn declared_commands(
     config: &Config,
     registry: &Registry,
@@ -180,6 +198,7 @@ pub fn declared_commands(
         .into_iter()
         .map(str::to_string)
         .chain(registry.aliases().keys().cloned())
+        .chain(registry.building.iter().filter_map(|b| b.name.clone()))
         .collect();
     crate::commands::Commands::load(crate::commands::Setup {
         declared: &config.commands,

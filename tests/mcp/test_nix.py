@@ -13,7 +13,10 @@ import subprocess
 import tempfile
 import time
 
+import anyio
 import pytest
+from mcp import ClientSession, types
+from mcp.client.stdio import stdio_client
 
 from harness import BIN, MODE, ROOT, call, dump, run_async, server_params, session, write_config
 
@@ -32,6 +35,17 @@ def local_flake() -> str:
             "}; }\n" % (system, system, BIN)
         )
     return f"path:{d}"
+
+
+async def offered(s: ClientSession, name: str) -> str:
+    """The run tool's description once it lists `name`: start-up builds end
+    after the handshake, and the tool list changes when they do."""
+    with anyio.fail_after(240):
+        while True:
+            description = (await s.list_tools()).tools[0].description or ""
+            if f"- {name}: " in description:
+                return description
+            await anyio.sleep(0.2)
 
 
 def envs_json(env: dict[str, str], config: str | None = None) -> dict:
@@ -54,10 +68,50 @@ def test_nix_sandbox_envs_are_built_at_start_and_a_bad_one_is_only_a_warning():
 
     async def t():
         async with session(env=env) as s:
-            tools = (await s.list_tools()).tools
-            assert "- extra: " in tools[0].description
+            await offered(s, "extra")
             sc, _, err = await call(s, "extra", "echo built by nix; ls /usr/bin")
             assert not err and sc["stdout"] == "built by nix\nenv\n", dump(sc)
+    run_async(t)
+
+
+def test_the_server_answers_at_once_and_offers_a_build_when_it_ends():
+    """A slow Nix (a wrapper that waits 20 s before building) does not hold up
+    the handshake: the first tool list says what is being built, a call to it
+    says to wait, and when the build ends the client is told the tools
+    changed and the environment runs."""
+    flake = local_flake()
+    slow = tempfile.mkdtemp(prefix="nsm-slow-nix-")
+    nix = shutil.which("nix")
+    with open(os.path.join(slow, "nix"), "w") as f:
+        f.write(f"#!/bin/sh\nsleep 20\nexec {nix} \"$@\"\n")
+    os.chmod(os.path.join(slow, "nix"), 0o755)
+    config = write_config(f'[environments.bash]\npreset = "bash"\n[environments.tools]\nflake = "{flake}#extra"\n')
+    env = {"PATH": f"{slow}:{os.environ['PATH']}", "NIX_SANDBOX_FLAKE": ""}
+    changed: list[object] = []
+
+    async def on_message(message: object) -> None:
+        if isinstance(getattr(message, "root", message), types.ToolListChangedNotification):
+            changed.append(message)
+
+    async def t():
+        async with stdio_client(server_params(env=env, config=config)) as (r, w):
+            async with ClientSession(r, w, message_handler=on_message) as s:
+                init = await s.initialize()
+                assert init.capabilities.tools and init.capabilities.tools.list_changed
+                run = (await s.list_tools()).tools[0]
+                assert "- bash: " in run.description and "- tools: " not in run.description, run.description
+                assert "Being built by Nix, offered when ready (the tool list changes): tools." in run.description
+                sc, _, err = await call(s, "tools", "echo too early")
+                assert err and sc["error"]["code"] == "sandbox_unavailable" and "still being built" in sc["error"]["message"], dump(sc)
+                sc, _, err = await call(s, "bash", "echo meanwhile")
+                assert not err and sc["stdout"] == "meanwhile\n", dump(sc)
+                with anyio.fail_after(240):
+                    while not changed:
+                        await anyio.sleep(0.2)
+                run = (await s.list_tools()).tools[0]
+                assert "- tools: " in run.description and "Being built" not in run.description, run.description
+                sc, _, err = await call(s, "tools", "echo built meanwhile")
+                assert not err and sc["stdout"] == "built meanwhile\n", dump(sc)
     run_async(t)
 
 
@@ -71,6 +125,7 @@ def test_a_config_flake_entry_is_built_and_served_under_its_name():
 
     async def t():
         async with session(config=config) as s:
+            await offered(s, "tools")
             sc, _, err = await call(s, "tools", "echo from the tools entry")
             assert not err and sc["stdout"] == "from the tools entry\n", dump(sc)
     run_async(t)

@@ -304,11 +304,13 @@ async fn dispatch(cli: Cli) -> ExitCode {
         load_environments: true,
         quick: false,
         prestart: false,
+        background_builds: false,
     };
     match cli.command {
         None if cli.stdio => {
             serve::serve_stdio(&StartOptions {
                 prestart: true,
+                background_builds: true,
                 ..opts
             })
             .await

@@ -15,6 +15,8 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         project,
         config,
         audit,
+        gathered,
+        builds,
         ..
     } = app;
     tracing::info!(
@@ -37,7 +39,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         app::session_limits(&config),
     ));
     let server = SandboxServer::new(Shared {
-        registry,
+        registry: std::sync::RwLock::new(Arc::new(registry)),
         executor: executor.clone(),
         project,
         inherited,
@@ -47,6 +49,13 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         sessions: sessions.clone(),
         commands,
     });
+    let building = tokio::spawn(finish_builds(
+        server.clone(),
+        config.clone(),
+        gathered,
+        builds.into_inner().unwrap_or_else(|e| e.into_inner()),
+        executor.clone(),
+    ));
     let reaper = tokio::spawn(sessions.clone().reap_forever());
     let orphans = tokio::spawn(async {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -69,6 +78,8 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     };
     tracing::info!("shutting down ({quit}); killing runs in flight");
     shutdown.cancel();
+    // Dropping the builds kills their `nix build`s.
+    building.abort();
     reaper.abort();
     orphans.abort();
     sessions.close_all().await;
@@ -76,4 +87,31 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     // The last replies rmcp wrote are on their way to stdout.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), framed.writer).await;
     ExitCode::SUCCESS
+}
+
+/// Waits for the Nix builds started at start-up, offering each environment
+/// as its build ends (the client is told the tools changed).
+async fn finish_builds(
+    server: SandboxServer,
+    config: crate::config::Config,
+    mut gathered: crate::registry::Gathered,
+    builds: crate::registry::Builds,
+    executor: crate::exec::Executor,
+) {
+    use futures::StreamExt;
+    let prober = app::ExecProber(executor);
+    let mut ended = std::pin::pin!(builds.run());
+    while let Some((about, result)) = ended.next().await {
+        if let Ok(offer) = &result {
+            tracing::info!("{} is built: environment {}", about.label, offer.env.name);
+        }
+        gathered.finished(&about, result);
+        let registry = crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
+        if registry.is_empty() && registry.building.is_empty() {
+            tracing::error!(
+                "no environment is available: every Nix build failed (see the warnings above)"
+            );
+        }
+        server.publish(registry);
+    }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::artifact;
-use super::source::{Offer, Pending, Role};
+use super::source::{Building, Offer, Pending, Role};
 use crate::config::Config;
 
 /// One thing to build.
@@ -311,9 +311,12 @@ const NIX_BUILD_EXPRESSION: &[&str] = &["--impure", "--expr"];
 pub fn pending(build: Build, role: Role, config: &Config) -> Pending {
     let limit = Duration::from_secs(config.server.nix_build_timeout_seconds.map_or(300, |s| s.0));
     let defaults = config.defaults;
-    let label = build.label.clone();
+    let about = Building {
+        label: build.label.clone(),
+        name: build.name.clone(),
+    };
     Pending {
-        label,
+        about,
         build: Box::pin(async move {
             let nix = which::which("nix")
                 .map_err(|_| "nix is not installed or not on PATH".to_string())?;

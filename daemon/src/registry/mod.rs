@@ -1,7 +1,8 @@
 //! The environments this server offers, by name, loaded at start-up from its
-//! sources (see `source.rs` and [`sources`]) and the configuration. A problem
-//! with one environment drops that environment with a warning; it never
-//! stops the server.
+//! sources (see `source.rs` and [`sources`]) and the configuration, and
+//! loaded again as each Nix build a source started ends (see [`Builds`]).
+//! A problem with one environment drops that environment with a warning; it
+//! never stops the server.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,7 +22,7 @@ mod host;
 mod source;
 
 pub use host::{PRESET_NAMES, host_environment, preset_for};
-pub use source::{Context, Loaded, Offer, Pending, Role, Source};
+pub use source::{Building, Context, Loaded, Offer, Pending, Role, Source};
 
 /// The name of the environment `[project] use_flake` creates.
 pub const PROJECT_ENV: &str = "project";
@@ -48,6 +49,8 @@ pub struct Registry {
     pub warnings: Vec<String>,
     /// Each source's name and what it said about itself (for `doctor`, `envs`).
     pub sources: Vec<(&'static str, String)>,
+    /// Builds still running: their environments come later.
+    pub building: Vec<Building>,
 }
 
 impl Registry {
@@ -77,8 +80,24 @@ impl Registry {
         &self.aliases
     }
 
+    /// Whether `name` is an environment a build still running will give.
+    pub fn is_building(&self, name: &str) -> bool {
+        self.building
+            .iter()
+            .any(|b| b.name.as_deref() == Some(name))
+    }
+
+    /// Logs the warnings that `earlier` (the registry this one replaces, if
+    /// any) did not have.
+    pub fn log_new_warnings(&self, earlier: Option<&Registry>) {
+        for w in &self.warnings {
+            if !earlier.is_some_and(|e| e.warnings.contains(w)) {
+                tracing::warn!("{w}");
+            }
+        }
+    }
+
     fn warn(&mut self, msg: String) {
-        tracing::warn!("{msg}");
         self.warnings.push(msg);
     }
 }
@@ -93,24 +112,65 @@ pub trait Prober: Sync {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>>;
 }
 
-/// Everything the sources offered, with their builds finished.
-#[derive(Debug, Default)]
+/// Everything the sources offered: the environments ready, and the builds
+/// still running (`building`), whose results join `offers` or `warnings` as
+/// they end (see [`Gathered::finished`]).
+#[derive(Debug, Default, Clone)]
 pub struct Gathered {
     pub offers: Vec<Offer>,
     pub warnings: Vec<String>,
     /// Each source's name and what it said about itself, in order.
     pub sources: Vec<(&'static str, String)>,
+    pub building: Vec<Building>,
 }
 
-/// Asks every source in turn, then waits for the builds they started (in
-/// parallel, each within its own time limit).
-pub async fn gather(
+impl Gathered {
+    /// Records the end of the build `about`.
+    pub fn finished(&mut self, about: &Building, result: Result<Offer, String>) {
+        self.building.retain(|b| b != about);
+        match result {
+            Ok(offer) => self.offers.push(offer),
+            Err(e) => self
+                .warnings
+                .push(format!("environment from {} skipped: {e}", about.label)),
+        }
+    }
+}
+
+/// The builds the sources started, not yet awaited.
+#[derive(Default)]
+pub struct Builds(Vec<(&'static str, Pending)>);
+
+impl Builds {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Runs them all at once (each within its own time limit), yielding each
+    /// one's end as it comes.
+    pub fn run(self) -> impl futures::Stream<Item = (Building, Result<Offer, String>)> {
+        if !self.0.is_empty() {
+            tracing::info!("building {} environment(s) with Nix", self.0.len());
+        }
+        self.0
+            .into_iter()
+            .map(|(from, p)| async move {
+                let result = p.build.await.map(|offer| Offer { from, ..offer });
+                (p.about, result)
+            })
+            .collect::<futures::stream::FuturesUnordered<_>>()
+    }
+}
+
+/// Asks every source in turn; the builds they start are handed back, not
+/// awaited.
+pub fn gather_now(
     config: &Config,
     project: Option<&Path>,
     sources: &[Box<dyn Source>],
-) -> Gathered {
+) -> (Gathered, Builds) {
     let mut gathered = Gathered::default();
-    let mut pending = Vec::new();
+    let mut builds = Builds::default();
     for source in sources {
         let ctx = Context {
             config,
@@ -125,22 +185,27 @@ pub async fn gather(
             .offers
             .extend(loaded.offers.into_iter().map(|o| Offer { from, ..o }));
         gathered.warnings.extend(loaded.warnings);
-        pending.extend(loaded.pending.into_iter().map(|p| (from, p)));
+        gathered
+            .building
+            .extend(loaded.pending.iter().map(|p| p.about.clone()));
+        builds
+            .0
+            .extend(loaded.pending.into_iter().map(|p| (from, p)));
     }
-    if !pending.is_empty() {
-        tracing::info!("building {} environment(s) with Nix", pending.len());
-    }
-    let builds = pending.into_iter().map(|(from, p)| async move {
-        match p.build.await {
-            Ok(offer) => Ok(Offer { from, ..offer }),
-            Err(e) => Err(format!("environment from {} skipped: {e}", p.label)),
-        }
-    });
-    for result in futures::future::join_all(builds).await {
-        match result {
-            Ok(offer) => gathered.offers.push(offer),
-            Err(warning) => gathered.warnings.push(warning),
-        }
+    (gathered, builds)
+}
+
+/// Asks every source in turn, then waits for every build they started.
+pub async fn gather(
+    config: &Config,
+    project: Option<&Path>,
+    sources: &[Box<dyn Source>],
+) -> Gathered {
+    use futures::StreamExt;
+    let (mut gathered, builds) = gather_now(config, project, sources);
+    let mut ended = std::pin::pin!(builds.run());
+    while let Some((about, result)) = ended.next().await {
+        gathered.finished(&about, result);
     }
     gathered
 }
@@ -151,6 +216,7 @@ pub async fn gather(
 pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Prober>) -> Registry {
     let mut reg = Registry {
         sources: gathered.sources,
+        building: gathered.building,
         ..Registry::default()
     };
     for w in gathered.warnings {
@@ -166,6 +232,9 @@ pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Probe
         Some(entries) => {
             let offered = |n: &str| latest.get(n).map(|o| &o.env);
             for (name, entry) in entries {
+                if entry.flake.is_some() && reg.is_building(name) {
+                    continue;
+                }
                 match from_entry(name, entry, config, offered) {
                     Ok(env) => candidates.push(env),
                     Err(msg) => reg.warn(format!("environment {name} skipped: {msg}")),

@@ -76,7 +76,15 @@ pub struct Loaded {
 
 /// An environment still being built (by Nix).
 pub struct Pending {
+    pub about: Building,
+    pub build: BoxFuture<'static, Result<Offer, String>>,
+}
+
+/// What is known of a build before it ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Building {
     /// How the build is named in messages.
     pub label: String,
-    pub build: BoxFuture<'static, Result<Offer, String>>,
+    /// The name its environment will have, when known before it is built.
+    pub name: Option<String>,
 }

@@ -252,14 +252,18 @@ impl SandboxServer {
         request_cancel: CancellationToken,
         progress: Option<Progress>,
     ) -> CallToolResult {
-        let Some(base) = self.shared.registry.get(&inv.env) else {
-            return result::error_result(&ToolError::new(
-                ErrorCode::SandboxUnavailable,
-                format!("the command's environment {} is not available", inv.env),
-                "Tell the user to fix the command's declaration.",
-            ));
+        let base = match self.environment(&inv.env) {
+            Ok(env) => env,
+            Err(e) if e.code == ErrorCode::SandboxUnavailable => return result::error_result(&e),
+            Err(_) => {
+                return result::error_result(&ToolError::new(
+                    ErrorCode::SandboxUnavailable,
+                    format!("the command's environment {} is not available", inv.env),
+                    "Tell the user to fix the command's declaration.",
+                ));
+            }
         };
-        let mut env = (**base).clone();
+        let mut env = (*base).clone();
         if let Some(t) = inv.timeout {
             env.limits.timeout = t;
         }

@@ -5,7 +5,8 @@
 //! job table and the declared commands only through their public interfaces.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rmcp::model::{
@@ -44,9 +45,10 @@ pub const MAX_PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
 /// Longest a `job` call waits for a job to finish.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// Shared state of the server, built once at start-up.
+/// Shared state of the server, built once at start-up (the registry is
+/// replaced as Nix builds end, see [`SandboxServer::publish`]).
 pub struct Shared {
-    pub registry: Registry,
+    pub registry: RwLock<Arc<Registry>>,
     pub executor: Executor,
     pub project: Option<ProjectMount>,
     /// Values of the `inherit_env` variables, read when the server starts
@@ -61,13 +63,23 @@ pub struct Shared {
     pub commands: Arc<Commands>,
 }
 
+impl Shared {
+    /// The environments offered now.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.read().unwrap().clone()
+    }
+}
+
 #[derive(Clone)]
 pub struct SandboxServer {
     shared: Arc<Shared>,
-    tools: Arc<Vec<Tool>>,
+    /// `run` and `job`, as the registry last published makes them.
+    tools: Arc<RwLock<Vec<Tool>>>,
     instructions: Arc<String>,
     /// The largest per-stream output cap of any environment: what `job` returns at most.
-    output_bytes: usize,
+    output_bytes: Arc<AtomicUsize>,
+    /// The client, once initialized: told when the tools change.
+    peer: Arc<std::sync::OnceLock<Peer<RoleServer>>>,
     /// Set once the client is initialized and the project file is watched.
     watching: Arc<std::sync::OnceLock<()>>,
     /// The patches of the project's changes, and what sessions last reported.
@@ -126,15 +138,58 @@ impl Progress {
 
 impl SandboxServer {
     pub fn new(shared: Shared) -> SandboxServer {
-        let envs: Vec<_> = shared.registry.iter().cloned().collect();
+        let registry = shared.registry();
+        let envs: Vec<_> = registry.iter().cloned().collect();
+        let instructions = tool::instructions(&envs);
+        let server = SandboxServer {
+            shared: Arc::new(shared),
+            tools: Arc::default(),
+            instructions: Arc::new(instructions),
+            output_bytes: Arc::default(),
+            peer: Arc::default(),
+            watching: Arc::default(),
+            ledger: Arc::default(),
+        };
+        server.offer(&registry, None);
+        server
+    }
+
+    /// Replaces the environments offered (a Nix build ended): new tools,
+    /// sandboxes kept ready for the new environments, and the client told.
+    pub fn publish(&self, registry: Registry) {
+        let registry = Arc::new(registry);
+        let earlier = std::mem::replace(
+            &mut *self.shared.registry.write().unwrap(),
+            registry.clone(),
+        );
+        registry.log_new_warnings(Some(&earlier));
+        self.offer(&registry, Some(&earlier));
+        if let Some(peer) = self.peer.get() {
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                if let Err(e) = peer.notify_tool_list_changed().await {
+                    tracing::debug!("cannot tell the client the tools changed: {e}");
+                }
+            });
+        }
+    }
+
+    /// Makes the tools for `registry`, and keeps sandboxes ready for each of
+    /// its environments that `earlier` did not have (one that changed under
+    /// the same name, which a build cannot do, keeps its first recipe's).
+    fn offer(&self, registry: &Registry, earlier: Option<&Registry>) {
+        let shared = &self.shared;
+        let envs: Vec<_> = registry.iter().cloned().collect();
         let output_bytes = envs
             .iter()
             .map(|e| e.limits.output_bytes)
             .max()
             .unwrap_or(16 * 1024);
-        let tools = vec![
+        self.output_bytes.store(output_bytes, Ordering::Relaxed);
+        *self.tools.write().unwrap() = vec![
             tool::run_tool(
                 &envs,
+                &registry.building,
                 shared.project.as_ref(),
                 output_bytes,
                 &shared.executor.missing_protections(),
@@ -142,6 +197,9 @@ impl SandboxServer {
             tool::job_tool(shared.jobs.limits()),
         ];
         for env in &envs {
+            if earlier.is_some_and(|r| r.get(&env.name).is_some()) {
+                continue;
+            }
             if let Err(e) =
                 shared
                     .executor
@@ -150,22 +208,13 @@ impl SandboxServer {
                 tracing::warn!("sandboxes for {} start on demand: {e}", env.name);
             }
         }
-        let instructions = tool::instructions(&envs);
-        SandboxServer {
-            shared: Arc::new(shared),
-            tools: Arc::new(tools),
-            instructions: Arc::new(instructions),
-            output_bytes,
-            watching: Arc::default(),
-            ledger: Arc::default(),
-        }
     }
 
     /// The tools offered now: `run`, `job`, and the declared commands'
     /// (with `confirm` when one of them needs confirmation).
     pub fn tools(&self) -> Vec<Tool> {
         let catalog = self.shared.commands.catalog();
-        let mut tools = (*self.tools).clone();
+        let mut tools = self.tools.read().unwrap().clone();
         if catalog.is_empty() {
             return tools;
         }
@@ -188,22 +237,31 @@ impl SandboxServer {
     }
 
     fn env_list(&self) -> String {
-        self.shared.registry.names().join(", ")
+        self.shared.registry().names().join(", ")
     }
 
-    fn environment(&self, name: &str) -> Result<&Arc<Environment>, ToolError> {
-        self.shared.registry.get(name).ok_or_else(|| {
-            let what = if name.is_empty() {
-                "`env` is empty".to_string()
-            } else {
-                format!("there is no environment {name:?}")
-            };
-            ToolError::new(
-                ErrorCode::UnknownEnv,
-                what,
-                format!("Set `env` to one of: {}.", self.env_list()),
-            )
-        })
+    fn environment(&self, name: &str) -> Result<Arc<Environment>, ToolError> {
+        let registry = self.shared.registry();
+        if let Some(env) = registry.get(name) {
+            return Ok(env.clone());
+        }
+        if registry.is_building(name) {
+            return Err(ToolError::new(
+                ErrorCode::SandboxUnavailable,
+                format!("the environment {name:?} is still being built by Nix"),
+                "Call again once the tool list changes (the server says so when the build ends), or use another environment meanwhile.",
+            ));
+        }
+        let what = if name.is_empty() {
+            "`env` is empty".to_string()
+        } else {
+            format!("there is no environment {name:?}")
+        };
+        Err(ToolError::new(
+            ErrorCode::UnknownEnv,
+            what,
+            format!("Set `env` to one of: {}.", self.env_list()),
+        ))
     }
 
     /// Handles a `run` call; every failure becomes an error result.
@@ -232,7 +290,7 @@ impl SandboxServer {
                     "Pass the program text to run in `code`; send binary data as a file in the project, or encode it (base64) and decode it in the code.",
                 ));
             }
-            let env = self.environment(env_name.trim())?.clone();
+            let env = self.environment(env_name.trim())?;
             let session = args.string("session")?;
             if let Some(name) = &session {
                 check_session_name(name).map_err(|m| args.invalid(&m))?;
@@ -336,9 +394,8 @@ impl SandboxServer {
         let message = e.to_string();
         match e {
             SessionError::Unsupported(_) => {
-                let capable: Vec<&str> = self
-                    .shared
-                    .registry
+                let registry = self.shared.registry();
+                let capable: Vec<&str> = registry
                     .iter()
                     .filter(|e| e.kind.is_some())
                     .map(|e| e.name.as_str())
@@ -496,7 +553,7 @@ impl SandboxServer {
             let (stdout, stderr) = job.read(
                 args.offset("stdout_offset")?,
                 args.offset("stderr_offset")?,
-                self.output_bytes,
+                self.output_bytes.load(Ordering::Relaxed),
             );
             Ok(job_result::job_status(&job, &stdout, &stderr))
         }
@@ -592,10 +649,12 @@ impl ServerHandler for SandboxServer {
             .enable_tools()
             .enable_resources()
             .build();
-        if self.shared.commands.project_file().is_some()
+        // The project file's commands, and environments Nix is still
+        // building, come while the server runs.
+        if (self.shared.commands.project_file().is_some()
+            || !self.shared.registry().building.is_empty())
             && let Some(tools) = capabilities.tools.as_mut()
         {
-            // The project file's commands come and go while the server runs.
             tools.list_changed = Some(true);
         }
         let mut info = ServerConfig::new(capabilities);
@@ -716,6 +775,7 @@ impl ServerHandler for SandboxServer {
             return;
         }
         let peer = context.peer;
+        let _ = self.peer.set(peer.clone());
         crate::commands::watch::spawn(
             self.shared.commands.clone(),
             move || {

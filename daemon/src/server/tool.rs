@@ -12,6 +12,7 @@ use crate::commands::declaration::Danger;
 use crate::commands::{Catalog, Offered, params};
 use crate::environment::Environment;
 use crate::jail::{ProjectAccess, ProjectMount};
+use crate::registry::Building;
 
 pub const RUN: &str = "run";
 pub const JOB: &str = "job";
@@ -20,6 +21,7 @@ pub const CONFIRM: &str = "confirm";
 /// The `run` tool definition.
 pub fn run_tool(
     envs: &[Arc<Environment>],
+    building: &[Building],
     project: Option<&ProjectMount>,
     output_bytes: usize,
     missing: &[&str],
@@ -42,7 +44,7 @@ pub fn run_tool(
     let any_network = envs.iter().any(|e| e.network.policy().is_some());
     Tool::new(
         RUN,
-        description(envs, project, output_bytes, missing),
+        description(envs, building, project, output_bytes, missing),
         Arc::new(object(input)),
     )
     .with_raw_output_schema(Arc::new(super::result::output_schema(
@@ -61,6 +63,7 @@ pub fn run_tool(
 /// `missing`: protections this host cannot give, said plainly.
 fn description(
     envs: &[Arc<Environment>],
+    building: &[Building],
     project: Option<&ProjectMount>,
     output_bytes: usize,
     missing: &[&str],
@@ -91,6 +94,16 @@ fn description(
             format!(" ({})", notes.join(", "))
         };
         d.push_str(&format!("- {}: {}{notes}\n", e.name, e.description));
+    }
+    if !building.is_empty() {
+        let what: Vec<&str> = building
+            .iter()
+            .map(|b| b.name.as_deref().unwrap_or(&b.label))
+            .collect();
+        d.push_str(&format!(
+            "Being built by Nix, offered when ready (the tool list changes): {}.\n",
+            what.join(", ")
+        ));
     }
     if let Some(t) = &common_timeout {
         d.push_str(&format!("Time limit {t}. "));
