@@ -6,13 +6,14 @@ let
   crate = (lib.importTOML ../daemon/Cargo.toml).package;
   workspace = (lib.importTOML ../Cargo.toml).workspace.package;
 
-  # The crate is edition 2024, which rustc reads from 1.85 on; an older one
-  # would fail deep in the build with an unhelpful message.
-  minimumRust = "1.85";
+  # Cargo.toml's rust-version: what the code (edition 2024, let chains) and
+  # its locked dependencies need. An older rustc would fail deep in the
+  # build with an unhelpful message.
+  minimumRust = workspace.rust-version;
   rustVersion = rustPlatform.rust.rustc.version or null;
 in
 if rustVersion != null && !(lib.versionAtLeast rustVersion minimumRust) then
-  throw "nix-sandbox-mcp: building the daemon needs rustc ${minimumRust} or later (the crate is Rust edition 2024), and this nixpkgs has rustc ${rustVersion}; use a newer nixpkgs, or the flake's own build (nix-sandbox-mcp.packages.<system>.nix-sandbox-mcp)"
+  throw "nix-sandbox-mcp: building the daemon needs rustc ${minimumRust} or later (its rust-version: Rust edition 2024 and its dependencies), and this nixpkgs has rustc ${rustVersion}; use a newer nixpkgs, or the flake's own build (nix-sandbox-mcp.packages.<system>.nix-sandbox-mcp)"
 else
   rustPlatform.buildRustPackage {
     pname = crate.name;

@@ -234,7 +234,7 @@ in
         the configuration needs (built from this system's `pkgs`) and the
         configuration file. The default is built with the flake's own nixpkgs;
         the overlay's `pkgs.nix-sandbox-mcp.unwrapped` is built with yours
-        (rustc 1.85 or later).
+        (rustc 1.89 or later).
       '';
     };
 

@@ -205,7 +205,7 @@ let
           import fn (
             {
               inherit lib;
-              rustPlatform = rustPlatformOf "1.88.0";
+              rustPlatform = rustPlatformOf "1.89.0";
             }
             // args
           );
@@ -616,12 +616,12 @@ let
     };
 
     # nix/daemon.nix and flake.nix
-    "the daemon refuses a rustc older than 1.85, saying so" = {
-      expr = (daemonWith "1.84.1").pname;
-      throws = "building the daemon needs rustc 1.85 or later (the crate is Rust edition 2024), and this nixpkgs has rustc 1.84.1";
+    "the daemon refuses a rustc older than its rust-version, saying so" = {
+      expr = (daemonWith "1.88.0").pname;
+      throws = "building the daemon needs rustc 1.89 or later (its rust-version: Rust edition 2024 and its dependencies), and this nixpkgs has rustc 1.88.0";
     };
-    "the daemon builds with rustc 1.85" = {
-      expr = (daemonWith "1.85.0").pname;
+    "the daemon builds with rustc 1.89" = {
+      expr = (daemonWith "1.89.0").pname;
       expected = "nix-sandbox-mcp";
     };
     "checks-without-vm holds every flake check but the VM test" = {
