@@ -115,6 +115,36 @@ def test_the_server_answers_at_once_and_offers_a_build_when_it_ends():
     run_async(t)
 
 
+def test_a_second_start_offers_what_the_first_built_without_nix():
+    """A flake in a git repository built once is offered at the next start
+    without running Nix (a `nix` that only fails stands in), until a tracked
+    file changes."""
+    repo = local_flake().removeprefix("path:")
+    git = ["git", "-C", repo, "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "flake"], check=True)
+    cache = tempfile.mkdtemp(prefix="nsm-cache-")
+    broken = tempfile.mkdtemp(prefix="nsm-no-nix-")
+    with open(os.path.join(broken, "nix"), "w") as f:
+        f.write("#!/bin/sh\necho 'error: this nix only fails' >&2\nexit 1\n")
+    os.chmod(os.path.join(broken, "nix"), 0o755)
+    env = {"NIX_SANDBOX_ENVS": f"git+file://{repo}#extra", "XDG_CACHE_HOME": cache}
+    without_nix = {**env, "PATH": f"{broken}:{os.environ['PATH']}"}
+
+    assert "extra" in [e["name"] for e in envs_json(env)["environments"]]
+    assert os.listdir(os.path.join(cache, "nix-sandbox-mcp", "builds"))
+    again = envs_json(without_nix)
+    assert "extra" in [e["name"] for e in again["environments"]], again["warnings"]
+    assert not [w for w in again["warnings"] if "extra" in w], again["warnings"]
+
+    with open(os.path.join(repo, "flake.nix"), "a") as f:
+        f.write("# edited\n")
+    edited = envs_json(without_nix)
+    assert "extra" not in [e["name"] for e in edited["environments"]], dump(edited)
+    assert any("this nix only fails" in w for w in edited["warnings"]), edited["warnings"]
+
+
 def test_a_config_flake_entry_is_built_and_served_under_its_name():
     flake = local_flake()
     config = write_config(f'[environments.tools]\nflake = "{flake}#extra"\n')
@@ -135,3 +165,4 @@ def test_use_flake_without_the_nix_package_says_what_is_missing():
     config = write_config("[project]\nuse_flake = true\n")
     listing = envs_json({"NIX_SANDBOX_FLAKE": ""}, config=config)
     assert any("use_flake" in w for w in listing["warnings"]), listing["warnings"]
+

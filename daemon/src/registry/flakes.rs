@@ -307,7 +307,8 @@ const NIX_BUILD: &[&str] = &[
 const NIX_BUILD_EXPRESSION: &[&str] = &["--impure", "--expr"];
 
 /// Starts `build` (lazily: it runs when the registry awaits it); its result
-/// is offered with `role`, the config's `[defaults]` applied.
+/// is offered with `role`, the config's `[defaults]` applied. What an
+/// earlier start built for the same fingerprint is offered without a build.
 pub fn pending(build: Build, role: Role, config: &Config) -> Pending {
     let limit = Duration::from_secs(config.server.nix_build_timeout_seconds.map_or(300, |s| s.0));
     let defaults = config.defaults;
@@ -315,8 +316,32 @@ pub fn pending(build: Build, role: Role, config: &Config) -> Pending {
         label: build.label.clone(),
         name: build.name.clone(),
     };
+    let key = super::build_cache::fingerprint(&build.target);
+    let offer = move |path: &Path, name: Option<String>| -> Result<Offer, String> {
+        let mut env = artifact::load(path, defaults).map_err(|e| {
+            format!(
+                "it built {}, which is not a sandbox artifact ({e}); build it with lib.mkSandbox",
+                path.display()
+            )
+        })?;
+        if let Some(name) = name {
+            env.name = name;
+        }
+        Ok(Offer::new(env, role))
+    };
+    let recorded = key.as_deref().and_then(super::build_cache::lookup);
+    tracing::debug!(
+        "{}: fingerprint {key:?}, built before: {recorded:?}",
+        build.label
+    );
+    let cached = recorded.and_then(|path| {
+        offer(&path, build.name.clone())
+            .inspect_err(|e| tracing::debug!("{}: not offered as built before: {e}", build.label))
+            .ok()
+    });
     Pending {
         about,
+        cached,
         build: Box::pin(async move {
             let nix = which::which("nix")
                 .map_err(|_| "nix is not installed or not on PATH".to_string())?;
@@ -325,13 +350,11 @@ pub fn pending(build: Build, role: Role, config: &Config) -> Pending {
                 .inspect_err(|e| {
                     tracing::warn!("building {} failed: {e}", build.label);
                 })?;
-            let mut env = artifact::load(&path, defaults).map_err(|e| {
-                format!("it built {}, which is not a sandbox artifact ({e}); build it with lib.mkSandbox", path.display())
-            })?;
-            if let Some(name) = build.name {
-                env.name = name;
+            let built = offer(&path, build.name)?;
+            if let Some(key) = &key {
+                super::build_cache::record(key, &path);
             }
-            Ok(Offer::new(env, role))
+            Ok(built)
         }),
     }
 }

@@ -13,6 +13,7 @@ use crate::environment::{Environment, Limits};
 
 pub mod artifact;
 mod artifact_dirs;
+mod build_cache;
 mod builtin;
 mod config_flakes;
 mod devshell;
@@ -185,12 +186,15 @@ pub fn gather_now(
             .offers
             .extend(loaded.offers.into_iter().map(|o| Offer { from, ..o }));
         gathered.warnings.extend(loaded.warnings);
-        gathered
-            .building
-            .extend(loaded.pending.iter().map(|p| p.about.clone()));
-        builds
-            .0
-            .extend(loaded.pending.into_iter().map(|p| (from, p)));
+        for mut p in loaded.pending {
+            match p.cached.take() {
+                Some(offer) => gathered.offers.push(Offer { from, ..offer }),
+                None => {
+                    gathered.building.push(p.about.clone());
+                    builds.0.push((from, p));
+                }
+            }
+        }
     }
     (gathered, builds)
 }

@@ -78,6 +78,9 @@ pub struct Loaded {
 pub struct Pending {
     pub about: Building,
     pub build: BoxFuture<'static, Result<Offer, String>>,
+    /// What an earlier start built for the same fingerprint (see
+    /// `build_cache.rs`): offered at once, and `build` never runs.
+    pub cached: Option<Offer>,
 }
 
 /// What is known of a build before it ends.
