@@ -145,6 +145,33 @@ def test_a_second_start_offers_what_the_first_built_without_nix():
     assert any("this nix only fails" in w for w in edited["warnings"]), edited["warnings"]
 
 
+def test_an_artifact_whose_interpreter_cannot_start_is_not_offered():
+    """Every environment of a known language is started once in the jail at
+    start-up; one that cannot start (here: a copy of the bash artifact
+    without the dynamic loader its bash needs) is dropped with the reason,
+    not offered to fail at the agent's first call."""
+    artifacts = os.environ["NIX_SANDBOX_DIR"].split(":")[0]
+    with open(os.path.join(artifacts, "bash", "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest["name"] = "broken"
+    manifest["links"] = {k: v for k, v in manifest["links"].items() if "ld-linux" not in k}
+    broken = tempfile.mkdtemp(prefix="nsm-broken-")
+    os.makedirs(os.path.join(broken, "broken"))
+    with open(os.path.join(broken, "broken", "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    env = {"NIX_SANDBOX_DIR": f"{os.environ['NIX_SANDBOX_DIR']}:{broken}"}
+    listing = envs_json(env)
+    assert "broken" not in [e["name"] for e in listing["environments"]], dump(listing)
+    assert "bash" in [e["name"] for e in listing["environments"]]
+    assert any(w.startswith("environment broken does not work in the sandbox") for w in listing["warnings"]), listing["warnings"]
+
+    async def t():
+        async with session(env=env) as s:
+            run = (await s.list_tools()).tools[0]
+            assert "- bash: " in run.description and "- broken: " not in run.description, run.description
+    run_async(t)
+
+
 def test_a_config_flake_entry_is_built_and_served_under_its_name():
     flake = local_flake()
     config = write_config(f'[environments.tools]\nflake = "{flake}#extra"\n')

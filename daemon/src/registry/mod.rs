@@ -262,9 +262,18 @@ pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Probe
     // Host environments are checked inside the jail (and learn their
     // versions); all checks run in parallel.
     let checks = candidates.into_iter().map(|env| async move {
-        match prober.zip(host::probe_code(&env)) {
-            Some((prober, code)) => match prober.probe(&env, code).await {
+        let Some(prober) = prober else {
+            return Ok(env);
+        };
+        if let Some(code) = host::probe_code(&env) {
+            return match prober.probe(&env, code).await {
                 Ok(out) => Ok(host::describe_from_probe(env, &out)),
+                Err(why) => Err((env.name.clone(), why)),
+            };
+        }
+        match start_check(&env) {
+            Some(code) => match prober.probe(&env, code).await {
+                Ok(_) => Ok(env),
                 Err(why) => Err((env.name.clone(), why)),
             },
             None => Ok(env),
@@ -286,6 +295,19 @@ pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Probe
     reg.aliases
         .retain(|alias, target| !reg.envs.contains_key(alias) && reg.envs.contains_key(target));
     reg
+}
+
+/// The smallest program of an environment's language, run once at start-up
+/// so that an environment whose interpreter cannot start in the jail is not
+/// offered; none for an interpreter of unknown language (what an empty
+/// program does there is its own affair).
+fn start_check(env: &Environment) -> Option<&'static str> {
+    use crate::environment::InterpreterKind;
+    Some(match env.kind? {
+        InterpreterKind::Bash => ":\n",
+        InterpreterKind::Python => "pass\n",
+        InterpreterKind::Node => ";\n",
+    })
 }
 
 /// The environment a config entry describes. `offered` finds a preset or
