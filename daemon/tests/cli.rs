@@ -255,6 +255,40 @@ fn envs_and_doctor_list_the_declared_commands_and_refuse_broken_ones() {
 }
 
 #[test]
+fn the_readmes_configuration_example_is_valid_and_means_what_it_says() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let section = readme.split("## Configure it").nth(1).unwrap();
+    let example = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("README's configuration example");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), example);
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "envs",
+        "--json",
+    ]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let pip = v["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "pip")
+        .unwrap_or_else(|| panic!("{v}"));
+    let network = pip["network"].as_str().unwrap();
+    assert!(
+        network.contains("pypi.org") && network.contains("*.pythonhosted.org"),
+        "{network}"
+    );
+    assert_eq!(pip["limits"]["timeout_ms"], 60000);
+}
+
+#[test]
 fn configured_environments_replace_the_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(
