@@ -254,6 +254,20 @@ fn envs_and_doctor_list_the_declared_commands_and_refuse_broken_ones() {
     );
 }
 
+/// `envs --json` with `toml` as the configuration file; it must succeed.
+fn envs_with(toml: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), toml);
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "envs",
+        "--json",
+    ]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 #[test]
 fn the_readmes_configuration_example_is_valid_and_means_what_it_says() {
     let readme =
@@ -264,16 +278,7 @@ fn the_readmes_configuration_example_is_valid_and_means_what_it_says() {
         .nth(1)
         .and_then(|rest| rest.split("```").next())
         .expect("README's configuration example");
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), example);
-    let o = out(&mut cli(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "envs",
-        "--json",
-    ]));
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = envs_with(example);
     let pip = v["environments"]
         .as_array()
         .unwrap()
@@ -322,19 +327,9 @@ fn configured_environments_replace_the_defaults() {
 
 #[test]
 fn a_missing_interpreter_drops_its_environment_with_a_warning() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(
-        dir.path(),
+    let v = envs_with(
         "[environments.ruby]\ninterpreter = \"no-such-interpreter-nsm {file}\"\n\n[environments.sh]\npreset = \"bash\"\n",
     );
-    let o = out(&mut cli(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "envs",
-        "--json",
-    ]));
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let names: Vec<&str> = v["environments"]
         .as_array()
         .unwrap()

@@ -179,6 +179,18 @@ let
     };
   };
   nixBuiltServer = finalPackage nixBuilt;
+
+  # A declared command, as the module takes it and the config file holds it.
+  testCommand = {
+    description = "Run the tests";
+    env = "py";
+    argv = [
+      "pytest"
+      "{{filter}}"
+    ];
+    danger = "safe";
+    params.filter.type = "string";
+  };
   nixBuiltConfig = configOf nixBuilt;
 
   options = (nixos { settings = { }; }).options.programs.nix-sandbox-mcp;
@@ -333,18 +345,7 @@ let
     "commands become [commands.NAME] tables of the config file, their environments checked" = {
       expr =
         let
-          settings = with' {
-            commands.test = {
-              description = "Run the tests";
-              env = "py";
-              argv = [
-                "pytest"
-                "{{filter}}"
-              ];
-              danger = "safe";
-              params.filter.type = "string";
-            };
-          };
+          settings = with' { commands.test = testCommand; };
         in
         {
           commands = (configOf settings).commands;
@@ -353,16 +354,7 @@ let
           sandboxes = builtins.attrNames (finalPackage settings).sandboxes;
         };
       expected = {
-        commands.test = {
-          description = "Run the tests";
-          env = "py";
-          argv = [
-            "pytest"
-            "{{filter}}"
-          ];
-          danger = "safe";
-          params.filter.type = "string";
-        };
+        commands.test = testCommand;
         failed = [ ];
         sandboxes = [
           "bash"
