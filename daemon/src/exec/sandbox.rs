@@ -282,17 +282,22 @@ impl Sandbox {
 /// Kills a sandbox through its init, so that bubblewrap reaps the init and
 /// exits; bubblewrap's process group and the cgroup are the backstops.
 async fn kill_tree(process: &mut Process, init: Option<&Watched>, lease: &Lease) -> Exit {
+    // The init first, even when bubblewrap has ended: a bubblewrap killed
+    // between creating the init and writing its uid map (when the thread
+    // that started it ends, for one) leaves an init that waits for that
+    // map for ever. The kernel kills every process of the pid namespace
+    // and waits for them before the init can be reaped; bubblewrap, which
+    // waits for the init, then exits.
+    if let Some(init) = init {
+        init.kill();
+    }
     if let Some(e) = process.try_exit() {
         return e;
     }
-    if let Some(init) = init {
-        // The kernel kills every process of the pid namespace and waits for
-        // them before the init can be reaped; bubblewrap, which waits for the
-        // init, then exits.
-        init.kill();
-        if let Ok(e) = tokio::time::timeout(TEARDOWN_GRACE, process.exit()).await {
-            return e;
-        }
+    if init.is_some()
+        && let Ok(e) = tokio::time::timeout(TEARDOWN_GRACE, process.exit()).await
+    {
+        return e;
     }
     process.kill();
     lease.kill_all();
@@ -301,9 +306,8 @@ async fn kill_tree(process: &mut Process, init: Option<&Watched>, lease: &Lease)
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        if self.process.try_exit().is_none()
-            && let Some(init) = &self.init
-        {
+        // Whether or not bubblewrap is still there (see `kill_tree`).
+        if let Some(init) = &self.init {
             init.kill();
         }
         // The process, the lease and the init's pidfd kill and reap the rest.

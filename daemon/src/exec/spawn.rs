@@ -567,6 +567,12 @@ impl Watched {
 
 impl Drop for Watched {
     fn drop(&mut self) {
+        // Nothing of a sandbox outlives what holds it: an init still alive
+        // here belongs to a sandbox dropped unstarted, or left waiting by a
+        // bubblewrap that ended early (see `kill_tree`).
+        if !settled(&self.pidfd) {
+            self.kill();
+        }
         // Its parent (bubblewrap) normally reaps it; when bubblewrap ended
         // first, the process is ours (we are its subreaper) or PID 1's.
         if SUBREAPER.load(Ordering::Relaxed)
