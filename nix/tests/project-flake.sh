@@ -118,22 +118,25 @@ EOF
 
 # The daemon's log goes to daemon.log, shown when the test fails.
 nsm() {
-  NIX_SANDBOX_FLAKE=$ownFlake NIX_SANDBOX_DIR=$work/none PATH=$bubblewrap/bin:$PATH \
+  XDG_CACHE_HOME=$work/cache NIX_SANDBOX_FLAKE=$ownFlake NIX_SANDBOX_DIR=$work/none PATH=$bubblewrap/bin:$PATH \
     "$daemon/bin/nix-sandbox-mcp" --config "$1" "${@:2}" 2>>"$work/daemon.log"
 }
 
 envs=$(nsm "$work/config.toml" envs --json)
-python3 - "$envs" <<'PY' || fail "the project and tools environments did not load: $envs"
+# Both are built; neither starts in the jail (see runManifest below: the
+# stand-in's programs need the host's loader), so the server's start check
+# refuses both, naming each one's artifact, and says nothing else.
+python3 - "$envs" <<'PY' || fail "the project and tools environments were not built: $envs"
 import json, sys
 out = json.loads(sys.argv[1])
-names = {e["name"] for e in out["environments"]}
-assert {"project", "tools"} <= names, (names, out["warnings"])
-assert not out["warnings"], out["warnings"]
+refused = [w for w in out["warnings"] if "does not work in the sandbox" in w]
+assert sorted(w.split()[1] for w in refused) == ["project", "tools"], out["warnings"]
+assert len(refused) == len(out["warnings"]), out["warnings"]
 PY
 pass
 
 artifactOf() {
-  python3 -c 'import json, sys; print([e["source"] for e in json.loads(sys.argv[1])["environments"] if e["name"] == sys.argv[2]][0].split(" ", 1)[1])' "$envs" "$1"
+  python3 -c 'import json, sys; print([w.split(" (artifact ", 1)[1].split(")", 1)[0] for w in json.loads(sys.argv[1])["warnings"] if w.split()[1] == sys.argv[2]][0])' "$envs" "$1"
 }
 projectArtifact=$(artifactOf project)
 toolsArtifact=$(artifactOf tools)

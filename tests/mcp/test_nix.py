@@ -163,7 +163,7 @@ def test_an_artifact_whose_interpreter_cannot_start_is_not_offered():
     listing = envs_json(env)
     assert "broken" not in [e["name"] for e in listing["environments"]], dump(listing)
     assert "bash" in [e["name"] for e in listing["environments"]]
-    assert any(w.startswith("environment broken does not work in the sandbox") for w in listing["warnings"]), listing["warnings"]
+    assert any(w.startswith("environment broken (artifact ") and "does not work in the sandbox" in w for w in listing["warnings"]), listing["warnings"]
 
     async def t():
         async with session(env=env) as s:

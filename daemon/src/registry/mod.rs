@@ -265,16 +265,17 @@ pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Probe
         let Some(prober) = prober else {
             return Ok(env);
         };
+        let refused = |why: String| (format!("{} ({})", env.name, env.origin), why);
         if let Some(code) = host::probe_code(&env) {
             return match prober.probe(&env, code).await {
                 Ok(out) => Ok(host::describe_from_probe(env, &out)),
-                Err(why) => Err((env.name.clone(), why)),
+                Err(why) => Err(refused(why)),
             };
         }
         match start_check(&env) {
             Some(code) => match prober.probe(&env, code).await {
                 Ok(_) => Ok(env),
-                Err(why) => Err((env.name.clone(), why)),
+                Err(why) => Err(refused(why)),
             },
             None => Ok(env),
         }
@@ -284,8 +285,8 @@ pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Probe
             Ok(env) => {
                 reg.envs.insert(env.name.clone(), Arc::new(env));
             }
-            Err((name, why)) => reg.warn(format!(
-                "environment {name} does not work in the sandbox and was removed: {why}"
+            Err((named, why)) => reg.warn(format!(
+                "environment {named} does not work in the sandbox and was removed: {why}"
             )),
         }
     }
