@@ -63,6 +63,13 @@ async fn the_command_starts_in_its_working_directory() {
 }
 
 #[tokio::test]
+async fn a_command_finds_an_empty_workspace_and_no_code_file() {
+    let o = run_argv(&env("bash"), &["ls", "-A", "/workspace"], "/workspace").await;
+    assert_eq!(o.exit_code, Some(0), "{o:?}");
+    assert_eq!(o.stdout.text, "", "{o:?}");
+}
+
+#[tokio::test]
 async fn an_unknown_program_is_a_set_up_failure_naming_it() {
     match try_run_argv(&env("bash"), &["no-such-program-here"], "/workspace").await {
         Err(ExecError::Setup(m)) => assert!(m.contains("no-such-program-here"), "{m}"),

@@ -41,8 +41,9 @@ pub(super) struct Recipe {
     /// Set on the sandbox's init once its user namespace exists.
     pub(super) init_rlimits: Vec<Rlimit>,
     pub(super) programs: Arc<Programs>,
-    /// Where the code file appears in the sandbox.
-    pub(super) code_path: String,
+    /// Where the code file appears in the sandbox; none for a command run
+    /// as is, which reads no code file.
+    pub(super) code_path: Option<String>,
     /// Where the command starts, when not in the workspace.
     pub(super) workdir: Option<String>,
     /// What the sandbox may reach through the proxy, when it has network.
@@ -104,10 +105,15 @@ impl Recipe {
         let init_rlimits = enforcer.init_rlimits(&i.env.limits);
         let pairs = |rs: &[Rlimit]| rs.iter().map(|r| (r.resource as u32, r.value)).collect();
         let protected = existing_protected(i.project);
+        // A command run as is reads no code file, so none is mounted.
+        let (mut command, code_path) = match i.command {
+            Some(command) => (command, None),
+            None => (i.env.command_for(&i.code_path), Some(i.code_path)),
+        };
         let placeholder = Call {
             env: i.env,
             project: i.project,
-            code_file: Some((Path::new("/code"), &i.code_path)),
+            code_file: code_path.as_deref().map(|at| (Path::new("/code"), at)),
             block_fd: Some(0),
             seccomp_fds: vec![0, 0],
             status_fd: Some(0),
@@ -128,7 +134,6 @@ impl Recipe {
                     writable: p.access == ProjectAccess::Overlay,
                 }),
         });
-        let mut command = i.command.unwrap_or_else(|| i.env.command_for(&i.code_path));
         command.extend(i.extra_args);
         Ok(Recipe {
             key: RecipeKey {
@@ -147,7 +152,7 @@ impl Recipe {
             rlimits,
             init_rlimits,
             programs,
-            code_path: i.code_path,
+            code_path,
             workdir: i.workdir,
             network: i.env.network.policy().cloned().map(Arc::new),
             stage,

@@ -32,7 +32,8 @@ pub(super) struct Prepared {
     pub(super) init: Option<Watched>,
     pub(super) lease: Lease,
     /// The file mounted as the code file; the call writes the code into it.
-    pub(super) code: tempfile::NamedTempFile,
+    /// The file mounted as the code file; none for a command run as is.
+    pub(super) code: Option<tempfile::NamedTempFile>,
     /// Write end of bubblewrap's `--block-fd`: a byte starts the command.
     pub(super) block: OwnedFd,
     pub(super) status: Status,
@@ -57,7 +58,13 @@ impl Prepared {
 
     /// Writes the code into the (empty) code file.
     pub(super) fn write_code(&mut self, code: &[u8]) -> std::io::Result<()> {
-        self.code.as_file_mut().write_all(code)
+        match &mut self.code {
+            Some(file) => file.as_file_mut().write_all(code),
+            None if code.is_empty() => Ok(()),
+            None => Err(std::io::Error::other(
+                "this sandbox runs a command, which reads no code",
+            )),
+        }
     }
 
     /// Kills a sandbox that was never started and waits for it to end.
@@ -143,7 +150,7 @@ pub struct Sandbox {
     pub(super) stdout: Channel,
     pub(super) stderr: Channel,
     pub(super) control: Option<Control>,
-    _code: tempfile::NamedTempFile,
+    _code: Option<tempfile::NamedTempFile>,
     /// See [`Prepared::staged`].
     staged: Option<OwnedFd>,
 }

@@ -37,7 +37,7 @@ const INIT_LIMIT: Duration = Duration::from_secs(10);
 pub(super) struct Spawned {
     process: Process,
     lease: Lease,
-    code: tempfile::NamedTempFile,
+    code: Option<tempfile::NamedTempFile>,
     block: OwnedFd,
     status: OwnedFd,
     stdout: OwnedFd,
@@ -71,11 +71,17 @@ pub(super) fn spawn(
     let (status_r, status_w) = pipe()?;
     let (block_r, block_w) = pipe()?;
     rustix::fs::fcntl_setfl(&status_r, rustix::fs::OFlags::NONBLOCK)?;
-    let code = platform.code_file()?;
+    let code = match recipe.code_path {
+        Some(_) => Some(platform.code_file()?),
+        None => None,
+    };
     let call = Call {
         env: &recipe.env,
         project: recipe.project.as_ref(),
-        code_file: Some((code.path(), &recipe.code_path)),
+        code_file: code
+            .as_ref()
+            .zip(recipe.code_path.as_deref())
+            .map(|(file, at)| (file.path(), at)),
         block_fd: Some(block_r.as_raw_fd()),
         seccomp_fds: vec![sc0_r.as_raw_fd(), sc1_r.as_raw_fd()],
         status_fd: Some(status_w.as_raw_fd()),
