@@ -68,7 +68,8 @@ def test_nix_sandbox_envs_are_built_at_start_and_a_bad_one_is_only_a_warning():
 
     async def t():
         async with session(env=env) as s:
-            await offered(s, "extra")
+            description = await offered(s, "extra")
+            assert "Could not be built (the server's log says why): path:/nonexistent/flake#nothing." in description, description
             sc, _, err = await call(s, "extra", "echo built by nix; ls /usr/bin")
             assert not err and sc["stdout"] == "built by nix\nenv\n", dump(sc)
     run_async(t)
@@ -112,6 +113,21 @@ def test_the_server_answers_at_once_and_offers_a_build_when_it_ends():
                 assert "- tools: " in run.description and "Being built" not in run.description, run.description
                 sc, _, err = await call(s, "tools", "echo built meanwhile")
                 assert not err and sc["stdout"] == "built meanwhile\n", dump(sc)
+    run_async(t)
+
+
+def test_a_failed_build_is_said_in_the_description_and_to_a_call():
+    config = write_config('[environments.bash]\npreset = "bash"\n[environments.gone]\nflake = "path:/nonexistent/flake#x"\n')
+
+    async def t():
+        async with session(config=config, env={"NIX_SANDBOX_FLAKE": ""}) as s:
+            with anyio.fail_after(240):
+                while "Could not be built" not in (description := (await s.list_tools()).tools[0].description or ""):
+                    await anyio.sleep(0.2)
+            assert "Could not be built (the server's log says why): gone." in description, description
+            sc, _, err = await call(s, "gone", "echo x")
+            assert err and sc["error"]["code"] == "sandbox_unavailable", dump(sc)
+            assert sc["error"]["message"].startswith('the environment "gone" could not be built: '), dump(sc)
     run_async(t)
 
 

@@ -52,6 +52,8 @@ pub struct Registry {
     pub sources: Vec<(&'static str, String)>,
     /// Builds still running: their environments come later.
     pub building: Vec<Building>,
+    /// Builds that failed, and why.
+    pub failed: Vec<(Building, String)>,
 }
 
 impl Registry {
@@ -79,6 +81,14 @@ impl Registry {
 
     pub fn aliases(&self) -> &BTreeMap<String, String> {
         &self.aliases
+    }
+
+    /// Why the build that was to give `name` failed, if one did.
+    pub fn build_failure(&self, name: &str) -> Option<&str> {
+        self.failed
+            .iter()
+            .find(|(b, _)| b.name.as_deref() == Some(name))
+            .map(|(_, why)| why.as_str())
     }
 
     /// Whether `name` is an environment a build still running will give.
@@ -123,6 +133,8 @@ pub struct Gathered {
     /// Each source's name and what it said about itself, in order.
     pub sources: Vec<(&'static str, String)>,
     pub building: Vec<Building>,
+    /// Builds that failed, and why.
+    pub failed: Vec<(Building, String)>,
 }
 
 impl Gathered {
@@ -131,9 +143,11 @@ impl Gathered {
         self.building.retain(|b| b != about);
         match result {
             Ok(offer) => self.offers.push(offer),
-            Err(e) => self
-                .warnings
-                .push(format!("environment from {} skipped: {e}", about.label)),
+            Err(e) => {
+                self.warnings
+                    .push(format!("environment from {} skipped: {e}", about.label));
+                self.failed.push((about.clone(), e));
+            }
         }
     }
 }
@@ -221,6 +235,7 @@ pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Probe
     let mut reg = Registry {
         sources: gathered.sources,
         building: gathered.building,
+        failed: gathered.failed,
         ..Registry::default()
     };
     for w in gathered.warnings {

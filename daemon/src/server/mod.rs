@@ -189,7 +189,7 @@ impl SandboxServer {
         *self.tools.write().unwrap() = vec![
             tool::run_tool(
                 &envs,
-                &registry.building,
+                registry,
                 shared.project.as_ref(),
                 output_bytes,
                 &shared.executor.missing_protections(),
@@ -250,6 +250,16 @@ impl SandboxServer {
                 ErrorCode::SandboxUnavailable,
                 format!("the environment {name:?} is still being built by Nix"),
                 "Call again once the tool list changes (the server says so when the build ends), or use another environment meanwhile.",
+            ));
+        }
+        if let Some(why) = registry.build_failure(name) {
+            return Err(ToolError::new(
+                ErrorCode::SandboxUnavailable,
+                format!("the environment {name:?} could not be built: {why}"),
+                format!(
+                    "Tell the user the build failed; meanwhile use one of: {}.",
+                    self.env_list()
+                ),
             ));
         }
         let what = if name.is_empty() {

@@ -12,7 +12,7 @@ use crate::commands::declaration::Danger;
 use crate::commands::{Catalog, Offered, params};
 use crate::environment::Environment;
 use crate::jail::{ProjectAccess, ProjectMount};
-use crate::registry::Building;
+use crate::registry::{Building, Registry};
 
 pub const RUN: &str = "run";
 pub const JOB: &str = "job";
@@ -21,7 +21,7 @@ pub const CONFIRM: &str = "confirm";
 /// The `run` tool definition.
 pub fn run_tool(
     envs: &[Arc<Environment>],
-    building: &[Building],
+    builds: &Registry,
     project: Option<&ProjectMount>,
     output_bytes: usize,
     missing: &[&str],
@@ -44,7 +44,7 @@ pub fn run_tool(
     let any_network = envs.iter().any(|e| e.network.policy().is_some());
     Tool::new(
         RUN,
-        description(envs, building, project, output_bytes, missing),
+        description(envs, builds, project, output_bytes, missing),
         Arc::new(object(input)),
     )
     .with_raw_output_schema(Arc::new(super::result::output_schema(
@@ -61,9 +61,10 @@ pub fn run_tool(
 }
 
 /// `missing`: protections this host cannot give, said plainly.
+/// `builds`: the Nix builds still running and those that failed.
 fn description(
     envs: &[Arc<Environment>],
-    building: &[Building],
+    builds: &Registry,
     project: Option<&ProjectMount>,
     output_bytes: usize,
     missing: &[&str],
@@ -95,13 +96,18 @@ fn description(
         };
         d.push_str(&format!("- {}: {}{notes}\n", e.name, e.description));
     }
-    if !building.is_empty() {
-        let what: Vec<&str> = building
-            .iter()
-            .map(|b| b.name.as_deref().unwrap_or(&b.label))
-            .collect();
+    let named = |b: &Building| b.name.clone().unwrap_or_else(|| b.label.clone());
+    if !builds.building.is_empty() {
+        let what: Vec<String> = builds.building.iter().map(named).collect();
         d.push_str(&format!(
             "Being built by Nix, offered when ready (the tool list changes): {}.\n",
+            what.join(", ")
+        ));
+    }
+    if !builds.failed.is_empty() {
+        let what: Vec<String> = builds.failed.iter().map(|(b, _)| named(b)).collect();
+        d.push_str(&format!(
+            "Could not be built (the server's log says why): {}.\n",
             what.join(", ")
         ));
     }
