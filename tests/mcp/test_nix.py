@@ -76,7 +76,7 @@ def test_nix_sandbox_envs_are_built_at_start_and_a_bad_one_is_only_a_warning():
 
 
 def test_the_server_answers_at_once_and_offers_a_build_when_it_ends():
-    """A slow Nix (a wrapper that waits 20 s before building) does not hold up
+    """A slow Nix (a wrapper that waits 10 s before building) does not hold up
     the handshake: the first tool list says what is being built, a call to it
     says to wait, and when the build ends the client is told the tools
     changed and the environment runs."""
@@ -84,7 +84,7 @@ def test_the_server_answers_at_once_and_offers_a_build_when_it_ends():
     slow = tempfile.mkdtemp(prefix="nsm-slow-nix-")
     nix = shutil.which("nix")
     with open(os.path.join(slow, "nix"), "w") as f:
-        f.write(f"#!/bin/sh\nsleep 20\nexec {nix} \"$@\"\n")
+        f.write(f"#!/bin/sh\nsleep 10\nexec {nix} \"$@\"\n")
     os.chmod(os.path.join(slow, "nix"), 0o755)
     config = write_config(f'[environments.bash]\npreset = "bash"\n[environments.tools]\nflake = "{flake}#extra"\n')
     env = {"PATH": f"{slow}:{os.environ['PATH']}", "NIX_SANDBOX_FLAKE": ""}
