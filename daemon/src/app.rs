@@ -5,8 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::audit::AuditLog;
 use crate::config::{self, Config, ProjectMode};
 use crate::environment::{Environment, InterpreterKind};
@@ -107,7 +105,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
         let prober: Option<&dyn Prober> = if opts.quick { None } else { Some(&prober) };
         let reg = registry::load(&config, gathered.clone(), prober).await;
         reg.log_new_warnings(None);
-        if reg.is_empty() && reg.building.is_empty() {
+        if reg.offers_nothing() {
             return Err(StartError::NoEnvironments(reg.warnings.clone()));
         }
         reg
@@ -260,14 +258,7 @@ pub fn self_test_env(config_defaults: crate::config::LimitSettings) -> Environme
 pub async fn self_test(executor: &Executor) -> Result<(), StartError> {
     let env = self_test_env(Default::default());
     let outcome = executor
-        .run(Request {
-            env: &env,
-            code: b"echo ok\n",
-            project: None,
-            inherited: &[],
-            cancel: CancellationToken::new(),
-            observer: None,
-        })
+        .run(Request::internal(&env, b"echo ok\n"))
         .await
         .map_err(|e| StartError::Sandbox {
             detail: e.to_string(),
@@ -441,17 +432,7 @@ impl Prober for ExecProber {
         Box::pin(async move {
             let o = self
                 .0
-                .run_queued(
-                    Request {
-                        env,
-                        code: code.as_bytes(),
-                        project: None,
-                        inherited: &[],
-                        cancel: CancellationToken::new(),
-                        observer: None,
-                    },
-                    Queue::Internal,
-                )
+                .run_queued(Request::internal(env, code.as_bytes()), Queue::Internal)
                 .await
                 .map_err(|e| e.to_string())?;
             if o.succeeded() {

@@ -224,7 +224,7 @@ fn zed(l: &Launch) -> String {
 }
 
 /// `s` as one word for a POSIX shell.
-fn shell_quote(s: &str) -> String {
+pub fn shell_quote(s: &str) -> String {
     let plain = !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));

@@ -107,7 +107,7 @@ async fn finish_builds(
         }
         gathered.finished(&about, result);
         let registry = crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
-        if registry.is_empty() && registry.building.is_empty() {
+        if registry.offers_nothing() {
             tracing::error!(
                 "no environment is available: every Nix build failed (see the warnings above)"
             );

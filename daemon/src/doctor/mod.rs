@@ -399,12 +399,8 @@ async fn check_example_run(s: &State) -> Vec<Finding> {
     };
     let outcome = executor
         .run(Request {
-            env,
-            code: EXAMPLE_CODE.as_bytes(),
             project: s.project.as_ref(),
-            inherited: &[],
-            cancel: Default::default(),
-            observer: None,
+            ..Request::internal(env, EXAMPLE_CODE.as_bytes())
         })
         .await;
     vec![match outcome {

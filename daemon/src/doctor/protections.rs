@@ -8,8 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use tokio_util::sync::CancellationToken;
-
 use super::Finding;
 use super::probe::{PROBE, REFUSED_CALLS};
 use crate::environment::{Environment, RootFs};
@@ -45,14 +43,7 @@ sed -n -e 's/^Max open files  *\([0-9a-z]*\).*/open_files \1/p' -e 's/^Max file 
 
 async fn run(executor: &Executor, env: &Environment, code: &str) -> Result<Outcome, String> {
     executor
-        .run(Request {
-            env,
-            code: code.as_bytes(),
-            project: None,
-            inherited: &[],
-            cancel: CancellationToken::new(),
-            observer: None,
-        })
+        .run(Request::internal(env, code.as_bytes()))
         .await
         .map_err(|e| e.to_string())
 }
@@ -118,7 +109,12 @@ async fn exercise(executor: &Executor) -> Vec<Finding> {
             )];
         }
     };
-    let command = |args: &str| format!("exec {} {PROBE} {args}\n", shell_word(&exe));
+    let command = |args: &str| {
+        format!(
+            "exec {} {PROBE} {args}\n",
+            crate::clients::shell_quote(&exe.to_string_lossy())
+        )
+    };
     let mut env = crate::app::self_test_env(Default::default());
     if let RootFs::Host { extra } = &mut env.root {
         extra.push(exe.clone());
@@ -154,11 +150,6 @@ async fn exercise(executor: &Executor) -> Vec<Finding> {
         },
     );
     found
-}
-
-/// `path` as one word for `sh`.
-fn shell_word(path: &std::path::Path) -> String {
-    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }
 
 fn unrunnable(exe: &std::path::Path, outcome: Result<Outcome, String>) -> Finding {

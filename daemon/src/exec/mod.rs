@@ -136,6 +136,21 @@ pub struct Request<'a> {
     pub observer: Option<Arc<dyn Observer>>,
 }
 
+impl<'a> Request<'a> {
+    /// A run of the server's own (a self-test, a probe): no project, no
+    /// inherited variables, nobody watching, cancelled by no one.
+    pub fn internal(env: &'a Environment, code: &'a [u8]) -> Request<'a> {
+        Request {
+            env,
+            code,
+            project: None,
+            inherited: &[],
+            cancel: CancellationToken::new(),
+            observer: None,
+        }
+    }
+}
+
 /// How much the executor runs at once.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {

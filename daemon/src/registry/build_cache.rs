@@ -117,7 +117,8 @@ fn repository_state(dir: &Path) -> Option<Vec<u8>> {
 
 /// The store path recorded for `key`, if the store still has it.
 pub fn lookup(key: &str) -> Option<PathBuf> {
-    let (dir, file) = (dir(), dir().join(key));
+    let dir = dir();
+    let file = dir.join(key);
     if !ours(&dir) || !ours(&file) {
         return None;
     }

@@ -83,6 +83,11 @@ impl Registry {
         &self.aliases
     }
 
+    /// No environment now, and none being built.
+    pub fn offers_nothing(&self) -> bool {
+        self.envs.is_empty() && self.building.is_empty()
+    }
+
     /// Why the build that was to give `name` failed, if one did.
     pub fn build_failure(&self, name: &str) -> Option<&str> {
         self.failed
@@ -124,7 +129,7 @@ pub trait Prober: Sync {
 }
 
 /// Everything the sources offered: the environments ready, and the builds
-/// still running (`building`), whose results join `offers` or `warnings` as
+/// still running (`building`), whose results join `offers` or `failed` as
 /// they end (see [`Gathered::finished`]).
 #[derive(Debug, Default, Clone)]
 pub struct Gathered {
@@ -143,11 +148,7 @@ impl Gathered {
         self.building.retain(|b| b != about);
         match result {
             Ok(offer) => self.offers.push(offer),
-            Err(e) => {
-                self.warnings
-                    .push(format!("environment from {} skipped: {e}", about.label));
-                self.failed.push((about.clone(), e));
-            }
+            Err(e) => self.failed.push((about.clone(), e)),
         }
     }
 }
@@ -157,10 +158,6 @@ impl Gathered {
 pub struct Builds(Vec<(&'static str, Pending)>);
 
 impl Builds {
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Runs them all at once (each within its own time limit), yielding each
     /// one's end as it comes.
     pub fn run(self) -> impl futures::Stream<Item = (Building, Result<Offer, String>)> {
@@ -232,15 +229,18 @@ pub async fn gather(
 /// `[environments]` table, every preset and extra offer), each checked in
 /// the jail by `prober` when given.
 pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Prober>) -> Registry {
+    let failures = gathered
+        .failed
+        .iter()
+        .map(|(about, why)| format!("environment from {} skipped: {why}", about.label));
+    let warnings = gathered.warnings.into_iter().chain(failures).collect();
     let mut reg = Registry {
         sources: gathered.sources,
         building: gathered.building,
+        warnings,
         failed: gathered.failed,
         ..Registry::default()
     };
-    for w in gathered.warnings {
-        reg.warn(w);
-    }
     // The latest offer of each name.
     let mut latest: BTreeMap<&str, &Offer> = BTreeMap::new();
     for o in &gathered.offers {
@@ -274,8 +274,8 @@ pub async fn load(config: &Config, gathered: Gathered, prober: Option<&dyn Probe
         ),
     }
 
-    // Host environments are checked inside the jail (and learn their
-    // versions); all checks run in parallel.
+    // Every environment of a known language is started once in the jail
+    // (host ones also learn their versions); all checks run in parallel.
     let checks = candidates.into_iter().map(|env| async move {
         let Some(prober) = prober else {
             return Ok(env);

@@ -165,12 +165,7 @@ impl SandboxServer {
         registry.log_new_warnings(Some(&earlier));
         self.offer(&registry, Some(&earlier));
         if let Some(peer) = self.peer.get() {
-            let peer = peer.clone();
-            tokio::spawn(async move {
-                if let Err(e) = peer.notify_tool_list_changed().await {
-                    tracing::debug!("cannot tell the client the tools changed: {e}");
-                }
-            });
+            tell_tools_changed(peer);
         }
     }
 
@@ -788,15 +783,18 @@ impl ServerHandler for SandboxServer {
         let _ = self.peer.set(peer.clone());
         crate::commands::watch::spawn(
             self.shared.commands.clone(),
-            move || {
-                let peer = peer.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = peer.notify_tool_list_changed().await {
-                        tracing::debug!("cannot tell the client the tools changed: {e}");
-                    }
-                });
-            },
+            move || tell_tools_changed(&peer),
             self.shared.shutdown.clone(),
         );
     }
+}
+
+/// Sends `notifications/tools/list_changed` without waiting for it.
+fn tell_tools_changed(peer: &Peer<RoleServer>) {
+    let peer = peer.clone();
+    tokio::spawn(async move {
+        if let Err(e) = peer.notify_tool_list_changed().await {
+            tracing::debug!("cannot tell the client the tools changed: {e}");
+        }
+    });
 }
