@@ -191,6 +191,24 @@ pub fn declared_commands(
     registry: &Registry,
     project: Option<&ProjectMount>,
 ) -> Result<crate::commands::Commands, crate::commands::LoadError> {
+    crate::commands::Commands::load(commands_setup(config, registry, project))
+}
+
+/// The same for a project the client chose while the server runs: a broken
+/// project file is logged and its commands withheld, not fatal.
+pub fn commands_for_new_project(
+    config: &Config,
+    registry: &Registry,
+    project: Option<&ProjectMount>,
+) -> Result<crate::commands::Commands, crate::commands::LoadError> {
+    crate::commands::Commands::load_for_new_project(commands_setup(config, registry, project))
+}
+
+fn commands_setup<'a>(
+    config: &'a Config,
+    registry: &Registry,
+    project: Option<&'a ProjectMount>,
+) -> crate::commands::Setup<'a> {
     let envs = registry
         .names()
         .into_iter()
@@ -198,12 +216,12 @@ pub fn declared_commands(
         .chain(registry.aliases().keys().cloned())
         .chain(registry.building.iter().filter_map(|b| b.name.clone()))
         .collect();
-    crate::commands::Commands::load(crate::commands::Setup {
+    crate::commands::Setup {
         declared: &config.commands,
         config_file: config.file.as_deref(),
         envs,
         project,
-    })
+    }
 }
 
 /// Bounds on background jobs, from `[server]`.
@@ -308,38 +326,77 @@ pub fn diagnose_sandbox_failure(stderr: &str) -> String {
     "run `nix-sandbox-mcp doctor` for details; bubblewrap's message is above".to_string()
 }
 
-/// The project mount, or why there is none.
+/// Where a project path came from: its rules and how errors name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectOrigin {
+    /// `PROJECT_DIR` or `[project] path`: every problem stops the server.
+    Configured,
+    /// The server's working directory, when nothing is configured.
+    WorkingDirectory,
+    /// The client's first root (MCP roots), when nothing is configured.
+    ClientRoot,
+}
+
+impl ProjectOrigin {
+    fn describe(self) -> &'static str {
+        match self {
+            ProjectOrigin::Configured => "set by PROJECT_DIR or [project] path",
+            ProjectOrigin::WorkingDirectory => "the current directory",
+            ProjectOrigin::ClientRoot => "the client's root",
+        }
+    }
+}
+
+/// The project mount, or why there is none: the configured path, else the
+/// working directory (until the client names a root; see [`project_at`]).
 pub fn resolve_project(
     config: &Config,
 ) -> Result<(Option<ProjectMount>, Option<String>), StartError> {
-    let p = &config.project;
-    let explicit = p.path_is_explicit;
-    let path = match &p.path {
-        Some(path) => path.clone(),
-        None => std::env::current_dir()
-            .map_err(|e| StartError::Project(format!("cannot read the current directory: {e}")))?,
+    let (path, origin) = match &config.project.path {
+        Some(path) if config.project.path_is_explicit => (path.clone(), ProjectOrigin::Configured),
+        Some(path) => (path.clone(), ProjectOrigin::WorkingDirectory),
+        None => (
+            std::env::current_dir().map_err(|e| {
+                StartError::Project(format!("cannot read the current directory: {e}"))
+            })?,
+            ProjectOrigin::WorkingDirectory,
+        ),
     };
-    let real = match std::fs::canonicalize(&path) {
+    project_at(config, &path, origin)
+}
+
+/// The project mount for `path` under the configuration's `[project]`
+/// settings, or why there is none. A configured path must be usable; any
+/// other is skipped with the reason, and never / or the user's home.
+pub fn project_at(
+    config: &Config,
+    path: &Path,
+    origin: ProjectOrigin,
+) -> Result<(Option<ProjectMount>, Option<String>), StartError> {
+    let p = &config.project;
+    let explicit = origin == ProjectOrigin::Configured;
+    let skipped = |why: String| Ok((None, Some(format!("no project mounted: {why}"))));
+    let real = match std::fs::canonicalize(path) {
         Ok(r) if r.is_dir() => r,
         Ok(r) if explicit => {
             return Err(StartError::Project(format!(
-                "project path {} is not a directory (set by PROJECT_DIR or [project] path)",
-                r.display()
+                "project path {} is not a directory ({})",
+                r.display(),
+                origin.describe()
             )));
         }
         Err(e) if explicit => {
             return Err(StartError::Project(format!(
-                "project path {}: {e} (set by PROJECT_DIR or [project] path)",
-                path.display()
+                "project path {}: {e} ({})",
+                path.display(),
+                origin.describe()
             )));
         }
         _ => {
-            return Ok((
-                None,
-                Some(format!(
-                    "no project mounted: {} is not a directory",
-                    path.display()
-                )),
+            return skipped(format!(
+                "{} {} is not a directory",
+                origin.describe(),
+                path.display()
             ));
         }
     };
@@ -348,12 +405,10 @@ pub fn resolve_project(
             .map(PathBuf::from)
             .and_then(|h| std::fs::canonicalize(h).ok());
         if real == Path::new("/") || home.as_deref() == Some(real.as_path()) {
-            return Ok((
-                None,
-                Some(format!(
-                    "no project mounted: the current directory {} is / or your home directory; set PROJECT_DIR or [project] path to mount one",
-                    real.display()
-                )),
+            return skipped(format!(
+                "{} {} is / or your home directory; set PROJECT_DIR or [project] path to mount one",
+                origin.describe(),
+                real.display()
             ));
         }
     }
@@ -366,7 +421,7 @@ pub fn resolve_project(
         if explicit {
             return Err(StartError::Project(message));
         }
-        return Ok((None, Some(format!("no project mounted: {message}"))));
+        return skipped(message);
     }
     Ok((
         Some(ProjectMount {

@@ -14,11 +14,13 @@ import select
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 import warnings
 from typing import Any, AsyncIterator
 
 import anyio
+from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -30,14 +32,17 @@ PASSTHROUGH = ("NIX_SANDBOX_DIR", "NIX_SANDBOX_ENVS", "NIX_SANDBOX_BUILTIN", "NI
                "XDG_CONFIG_HOME")
 
 
-def server_params(config: str | None = None, project: str | None = None, env: dict[str, str] | None = None) -> StdioServerParameters:
+def server_params(config: str | None = None, project: str | None = None, env: dict[str, str] | None = None,
+                  cwd: str | None = None) -> StdioServerParameters:
+    """`project=""`: no PROJECT_DIR (the server picks its project itself)."""
     args = ["--stdio"]
     if config is not None:
         args = ["--config", config, "--stdio"]
     e = {k: os.environ[k] for k in PASSTHROUGH if k in os.environ}
-    e["PROJECT_DIR"] = project or str(fixture_project())
+    if project != "":
+        e["PROJECT_DIR"] = project or str(fixture_project())
     e.update(env or {})
-    return StdioServerParameters(command=BIN, args=args, env=e)
+    return StdioServerParameters(command=BIN, args=args, env=e, cwd=cwd)
 
 
 def readable_tmpdir() -> pathlib.Path:
@@ -73,6 +78,45 @@ async def session(**kwargs: Any) -> AsyncIterator[ClientSession]:
         async with ctx as (r, w):
             async with ClientSession(r, w) as s:
                 await s.initialize()
+                yield s
+
+
+class RootsClient:
+    """A client with roots it can change, and the tool-list notifications it got."""
+
+    def __init__(self, roots: list[str] | None) -> None:
+        self.roots = roots
+        self.asked = 0
+        self.tools_changed = 0
+
+    async def list_roots(self, _context: Any) -> types.ListRootsResult:
+        self.asked += 1
+        return types.ListRootsResult(roots=[types.Root(uri=u) for u in self.roots or []])
+
+    async def on_message(self, message: Any) -> None:
+        if isinstance(getattr(message, "root", message), types.ToolListChangedNotification):
+            self.tools_changed += 1
+
+    async def wait_tools_changed(self, seen: int, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while self.tools_changed <= seen and time.monotonic() < deadline:
+            await anyio.sleep(0.05)
+        assert self.tools_changed > seen, "no notifications/tools/list_changed"
+
+
+@contextlib.asynccontextmanager
+async def roots_session(client: RootsClient, cwd: pathlib.Path, project: str = "", env: dict[str, str] | None = None,
+                        config: str | None = None) -> AsyncIterator[ClientSession]:
+    """A session of a client that lists `client.roots` (none: no roots
+    capability), with the server started in `cwd`; no PROJECT_DIR unless `project`."""
+    params = server_params(project=project, cwd=str(cwd), env=env, config=config)
+    with open(os.devnull, "w") if not os.environ.get("NSM_SHOW_SERVER_LOG") else contextlib.nullcontext(None) as errlog:
+        ctx = stdio_client(params, errlog=errlog) if errlog else stdio_client(params)
+        async with ctx as (r, w):
+            callback = client.list_roots if client.roots is not None else None
+            async with ClientSession(r, w, list_roots_callback=callback, message_handler=client.on_message) as s:
+                init = await s.initialize()
+                assert init.capabilities.tools and init.capabilities.tools.list_changed
                 yield s
 
 

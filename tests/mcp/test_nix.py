@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import platform
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from mcp import ClientSession, types
 from mcp.client.stdio import stdio_client
 
-from harness import BIN, MODE, ROOT, call, dump, run_async, server_params, session, write_config
+from harness import BIN, MODE, ROOT, RootsClient, call, dump, roots_session, run_async, server_params, session, write_config
 
 pytestmark = pytest.mark.skipif(MODE != "closure" or shutil.which("nix") is None, reason="the Nix tier runs these")
 
@@ -209,3 +210,28 @@ def test_use_flake_without_the_nix_package_says_what_is_missing():
     listing = envs_json({"NIX_SANDBOX_FLAKE": ""}, config=config)
     assert any("use_flake" in w for w in listing["warnings"]), listing["warnings"]
 
+
+
+def test_use_flake_builds_the_devshell_of_the_clients_root():
+    """The project of `[project] use_flake` follows the client's roots: the
+    working directory has no flake, the root's is built (and here refused
+    by Nix, being outside git, which the call reports naming the root)."""
+    cwd = tempfile.mkdtemp(prefix="nsm-cwd-")
+    root = tempfile.mkdtemp(prefix="nsm-root-")
+    for d in (cwd, root):
+        os.chmod(d, 0o755)
+    with open(os.path.join(root, "flake.nix"), "w") as f:
+        f.write("{ outputs = { self }: { }; }\n")
+    config = write_config('[project]\nuse_flake = true\n[environments.bash]\npreset = "bash"\n')
+    client = RootsClient([f"file://{root}"])
+
+    async def t():
+        async with roots_session(client, pathlib.Path(cwd), config=config, env={"NIX_SANDBOX_FLAKE": str(ROOT)}) as s:
+            with anyio.fail_after(240):
+                while "Could not be built" not in (description := (await s.list_tools()).tools[0].description or ""):
+                    await anyio.sleep(0.2)
+            assert "Could not be built (the server's log says why): project." in description, description
+            sc, _, err = await call(s, "project", "true")
+            assert err and sc["error"]["code"] == "sandbox_unavailable", dump(sc)
+            assert f"{root} is not in a git repository" in sc["error"]["message"], dump(sc)
+    run_async(t)

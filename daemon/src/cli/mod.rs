@@ -22,7 +22,7 @@ use crate::exec::nest::holder;
 use crate::exec::{ExecError, LimitKind, Observer, Request, Stream};
 use crate::jobs::Jobs;
 use crate::registry::artifact;
-use crate::server::{SandboxServer, Shared};
+use crate::server::{ProjectState, SandboxServer, Shared};
 use crate::sessions::Sessions;
 
 const ABOUT: &str = "Run code from AI agents in bubblewrap sandboxes built from Nix or the host";
@@ -57,8 +57,9 @@ CONFIGURATION
     apply. config.example.toml in the source documents every key.
 
 ENVIRONMENT
-    PROJECT_DIR        Host directory mounted as the project (overrides [project] path;
-                       default: the current directory, unless it is / or $HOME).
+    PROJECT_DIR        Host directory mounted as the project (overrides [project] path).
+                       Unset: the client's first file:// root (MCP roots, followed
+                       as they change), else the current directory; never / or $HOME.
     PROJECT_MOUNT      Where the project appears in the sandbox (default /project).
     NIX_SANDBOX_DIR    Directories (colon-separated) of pre-built sandbox artifacts
                        (default: ~/.config/nix-sandbox-mcp/sandboxes).

@@ -38,24 +38,22 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         inherited.clone(),
         app::session_limits(&config),
     ));
+    let jobs = Jobs::new(app::job_limits(&config));
     let server = SandboxServer::new(Shared {
+        config: Arc::new(config),
         registry: std::sync::RwLock::new(Arc::new(registry)),
         executor: executor.clone(),
-        project,
+        project: std::sync::RwLock::new(Arc::new(ProjectState::new(project, commands))),
         inherited,
         shutdown: shutdown.clone(),
         audit,
-        jobs: Jobs::new(app::job_limits(&config)),
+        jobs,
         sessions: sessions.clone(),
-        commands,
     });
-    let building = tokio::spawn(finish_builds(
-        server.clone(),
-        config.clone(),
+    server.follow_builds(
         gathered,
         builds.into_inner().unwrap_or_else(|e| e.into_inner()),
-        executor.clone(),
-    ));
+    );
     let reaper = tokio::spawn(sessions.clone().reap_forever());
     let orphans = tokio::spawn(async {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -65,7 +63,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         }
     });
     let framed = crate::server::framing::stdio();
-    let service = match server.serve(framed.transport).await {
+    let service = match server.clone().serve(framed.transport).await {
         Ok(s) => s,
         Err(e) => return fail(format!("MCP initialization failed: {e}")),
     };
@@ -78,8 +76,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     };
     tracing::info!("shutting down ({quit}); killing runs in flight");
     shutdown.cancel();
-    // Dropping the builds kills their `nix build`s.
-    building.abort();
+    server.stop_builds();
     reaper.abort();
     orphans.abort();
     sessions.close_all().await;
@@ -87,31 +84,4 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     // The last replies rmcp wrote are on their way to stdout.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), framed.writer).await;
     ExitCode::SUCCESS
-}
-
-/// Waits for the Nix builds started at start-up, offering each environment
-/// as its build ends (the client is told the tools changed).
-async fn finish_builds(
-    server: SandboxServer,
-    config: crate::config::Config,
-    mut gathered: crate::registry::Gathered,
-    builds: crate::registry::Builds,
-    executor: crate::exec::Executor,
-) {
-    use futures::StreamExt;
-    let prober = app::ExecProber(executor);
-    let mut ended = std::pin::pin!(builds.run());
-    while let Some((about, result)) = ended.next().await {
-        if let Ok(offer) = &result {
-            tracing::info!("{} is built: environment {}", about.label, offer.env.name);
-        }
-        gathered.finished(&about, result);
-        let registry = crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
-        if registry.offers_nothing() {
-            tracing::error!(
-                "no environment is available: every Nix build failed (see the warnings above)"
-            );
-        }
-        server.publish(registry);
-    }
 }

@@ -97,6 +97,14 @@ impl Catalog {
 #[derive(Debug)]
 pub struct LoadError(pub Vec<Diagnostic>);
 
+/// Logs the project file's problems: its commands are not offered.
+fn withdrawn(problems: &[Diagnostic]) {
+    for p in problems {
+        tracing::error!("{p}");
+    }
+    tracing::error!("the commands of the project file are withdrawn until it is fixed");
+}
+
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0.len();
@@ -160,6 +168,17 @@ impl Commands {
     /// Validates the configuration's commands and the project file's; every
     /// problem is reported, warnings are logged.
     pub fn load(setup: Setup) -> Result<Commands, LoadError> {
+        Commands::load_with(setup, true)
+    }
+
+    /// The same for a project chosen while the server runs: problems of the
+    /// configuration's commands are reported, the project file's are logged
+    /// and its commands withdrawn until it is fixed (as on a reload).
+    pub fn load_for_new_project(setup: Setup) -> Result<Commands, LoadError> {
+        Commands::load_with(setup, false)
+    }
+
+    fn load_with(setup: Setup, project_file_strict: bool) -> Result<Commands, LoadError> {
         let mut errors = Vec::new();
         let mut config = Vec::new();
         if !setup.declared.is_empty() {
@@ -220,14 +239,23 @@ impl Commands {
         };
         let from_project = match commands.read_project() {
             Ok(c) => c,
-            Err(mut e) => {
+            Err(mut e) if project_file_strict => {
                 errors.append(&mut e);
+                Vec::new()
+            }
+            Err(problems) => {
+                withdrawn(&problems);
                 Vec::new()
             }
         };
         match commands.catalog_of(from_project) {
             Ok(catalog) => *commands.current.write().unwrap() = Arc::new(catalog),
-            Err(mut e) => errors.append(&mut e),
+            Err(mut e) if project_file_strict => errors.append(&mut e),
+            Err(problems) => {
+                withdrawn(&problems);
+                let config_only = commands.catalog_of(Vec::new()).unwrap_or_default();
+                *commands.current.write().unwrap() = Arc::new(config_only);
+            }
         }
         if errors.is_empty() {
             Ok(commands)
@@ -256,10 +284,7 @@ impl Commands {
     pub fn reload(&self) -> bool {
         let catalog = match self.read_project_changed() {
             Err(problems) => {
-                for p in &problems {
-                    tracing::error!("{p}");
-                }
-                tracing::error!("the commands of the project file are withdrawn until it is fixed");
+                withdrawn(&problems);
                 self.catalog_of(Vec::new())
             }
             Ok(None) => return false,

@@ -217,7 +217,7 @@ struct Inner {
     /// Every sandbox starts in the nest, when the host allows one; else why not.
     nest: Result<nest::Nest, String>,
     /// Where environments' caches are kept, once the project is known.
-    caches: std::sync::OnceLock<crate::caches::Caches>,
+    caches: std::sync::RwLock<Option<crate::caches::Caches>>,
 }
 
 impl Executor {
@@ -251,7 +251,7 @@ impl Executor {
                 pool: Arc::new(Pool::new(bounds.prestart)),
                 proxy,
                 nest,
-                caches: std::sync::OnceLock::new(),
+                caches: std::sync::RwLock::new(None),
             }),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -316,7 +316,7 @@ impl Executor {
             .as_ref()
             .ok()
             .map(|_| self.inner.platform.stage_dir.as_path());
-        let caches = match self.inner.caches.get() {
+        let caches = match &*self.inner.caches.read().unwrap() {
             Some(c) => c.mounts(ingredients.env),
             None => Vec::new(),
         };
@@ -330,8 +330,8 @@ impl Executor {
         )
     }
 
-    /// Keeps environments' caches for `project` (see [`crate::caches`]);
-    /// set once, before the first call.
+    /// Keeps environments' caches for `project` (see [`crate::caches`]),
+    /// from the next sandbox prepared on.
     pub fn keep_caches(&self, project: Option<&ProjectMount>) {
         let view = project.map(|p| crate::caches::ProjectView {
             host_path: p.host_path.clone(),
@@ -339,10 +339,16 @@ impl Executor {
             writable: p.access == crate::jail::ProjectAccess::ReadWrite
                 || (p.access == crate::jail::ProjectAccess::Overlay && p.overlay),
         });
-        let _ = self
-            .inner
-            .caches
-            .set(crate::caches::Caches::new(view, self.inner.platform.run_as));
+        *self.inner.caches.write().unwrap() =
+            Some(crate::caches::Caches::new(view, self.inner.platform.run_as));
+    }
+
+    /// Stops keeping sandboxes ready for the recipes registered so far (the
+    /// project changed, so none of them applies) and stops those waiting.
+    pub async fn forget_ready(&self) {
+        for prepared in self.inner.pool.forget_all() {
+            prepared.discard().await;
+        }
     }
 
     /// Protections this host cannot give, a few words each, for the tool

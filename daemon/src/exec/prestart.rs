@@ -77,7 +77,8 @@ impl Pool {
                     let Some(r) = ready.get_mut(&recipe.key) else {
                         continue;
                     };
-                    r.starting -= 1;
+                    // Forgotten and kept again meanwhile: counted afresh.
+                    r.starting = r.starting.saturating_sub(1);
                     match prepared {
                         Ok(p) => r.sandboxes.push(p),
                         // The memory budget is in use; calls prepare their own.
@@ -151,6 +152,15 @@ impl Pool {
             .and_then(|r| r.sandboxes.pop())
     }
 
+    /// Stops keeping every recipe ready and hands back the sandboxes that
+    /// wait; those being prepared are dropped (killed) when they are done.
+    pub(super) fn forget_all(&self) -> Vec<Prepared> {
+        std::mem::take(&mut *self.ready.lock().unwrap())
+            .into_values()
+            .flat_map(|r| r.sandboxes)
+            .collect()
+    }
+
     /// Stops preparing (waiting for the sandbox being prepared, if any) and
     /// hands back every waiting sandbox; for shutdown. Blocking.
     pub(super) fn drain(&self) -> Vec<Prepared> {
@@ -160,9 +170,6 @@ impl Pool {
         if let Some(t) = thread {
             let _ = t.join();
         }
-        std::mem::take(&mut *self.ready.lock().unwrap())
-            .into_values()
-            .flat_map(|r| r.sandboxes)
-            .collect()
+        self.forget_all()
     }
 }

@@ -17,26 +17,27 @@ use super::{Progress, SandboxServer, either_cancelled, exec_error, progress, too
 use crate::audit::CommandEntry;
 use crate::commands::confirm::{self, Answer, Redeemed};
 use crate::commands::invocation::{self, InvalidArguments};
-use crate::commands::{Offered, ResolvedInvocation};
+use crate::commands::{Commands, Offered, ResolvedInvocation};
 use crate::exec::{Argv, ExecError, Outcome, Request};
 
 impl SandboxServer {
     /// Handles a call of a declared command's tool.
+    /// `commands`: the set the call was found in (with its project).
     pub(super) async fn call_command(
         &self,
+        commands: &Commands,
         offered: &Offered,
         args: Option<&JsonObject>,
         context: &RequestContext<RoleServer>,
         progress: Option<Progress>,
     ) -> CallToolResult {
-        let commands = &self.shared.commands;
         let inv = match invocation::resolve(&offered.command, args, commands.project()) {
             Ok(inv) => inv,
             Err(e) => return result::error_result(&invalid_arguments(offered, e)),
         };
         if !offered.command.confirm {
             return self
-                .run_invocation(&inv, context.ct.clone(), progress)
+                .run_invocation(commands, &inv, context.ct.clone(), progress)
                 .await;
         }
         let digest = inv.digest();
@@ -63,7 +64,7 @@ impl SandboxServer {
                     self.audit_command("confirmed", &inv, Some("elicitation"), None, None);
                     let progress = progress.map(|p| p.after(asked.elapsed()));
                     return self
-                        .run_invocation(&inv, context.ct.clone(), progress)
+                        .run_invocation(commands, &inv, context.ct.clone(), progress)
                         .await;
                 }
                 Answer::Declined | Answer::Cancelled => (
@@ -109,7 +110,7 @@ impl SandboxServer {
                         "cannot ask the user to confirm {}: {why}; handing out a token instead",
                         offered.tool
                     );
-                    return self.issue_token(offered, args, &inv, digest);
+                    return self.issue_token(commands, offered, args, &inv, digest);
                 }
             };
             self.audit_command(
@@ -121,18 +122,19 @@ impl SandboxServer {
             );
             return result::error_result(&error);
         }
-        self.issue_token(offered, args, &inv, digest)
+        self.issue_token(commands, offered, args, &inv, digest)
     }
 
     /// The result that hands out a token for `inv`.
     fn issue_token(
         &self,
+        commands: &Commands,
         offered: &Offered,
         args: Option<&JsonObject>,
         inv: &ResolvedInvocation,
         digest: [u8; 32],
     ) -> CallToolResult {
-        let tokens = &self.shared.commands.tokens;
+        let tokens = &commands.tokens;
         let token = match tokens.issue(digest) {
             Ok(t) => t,
             Err(e) => {
@@ -175,6 +177,7 @@ impl SandboxServer {
     /// Handles a `confirm` call: runs the invocation its token was issued for.
     pub(super) async fn confirm(
         &self,
+        commands: &Commands,
         args: Option<&JsonObject>,
         cancel: CancellationToken,
         progress: Option<Progress>,
@@ -188,7 +191,7 @@ impl SandboxServer {
                 Some(Value::Object(m)) => Some(m.clone()),
                 Some(v) => return Err(args.wrong("arguments", "an object", v)),
             };
-            let catalog = self.shared.commands.catalog();
+            let catalog = commands.catalog();
             let offered = catalog
                 .by_tool(&name)
                 .filter(|o| o.command.confirm)
@@ -204,20 +207,20 @@ impl SandboxServer {
                         confirmable.join(", ")
                     ))
                 })?;
-            let inv = invocation::resolve(&offered.command, arguments.as_ref(), self.shared.commands.project())
+            let inv = invocation::resolve(&offered.command, arguments.as_ref(), commands.project())
                 .map_err(|e| invalid_arguments(offered, e))?;
             let again = format!("Call {} again for a new token.", offered.tool);
-            match self.shared.commands.tokens.redeem(&token, &inv.digest()) {
+            match commands.tokens.redeem(&token, &inv.digest()) {
                 Redeemed::Valid => {
                     self.audit_command("confirmed", &inv, Some("token"), None, None);
-                    Ok(self.run_invocation(&inv, cancel, progress).await)
+                    Ok(self.run_invocation(commands, &inv, cancel, progress).await)
                 }
                 Redeemed::Expired => {
                     let e = ToolError::new(
                         ErrorCode::ConfirmationExpired,
                         format!(
                             "the token expired (tokens last {} s); nothing ran",
-                            self.shared.commands.tokens.ttl().as_secs().max(1)
+                            commands.tokens.ttl().as_secs().max(1)
                         ),
                         again,
                     );
@@ -248,6 +251,7 @@ impl SandboxServer {
     /// limits, and records it.
     pub(super) async fn run_invocation(
         &self,
+        commands: &Commands,
         inv: &ResolvedInvocation,
         request_cancel: CancellationToken,
         progress: Option<Progress>,
@@ -275,7 +279,8 @@ impl SandboxServer {
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
         let live = Arc::new(progress::Live::default());
         let reporter = progress.map(|p| p.report(&live, env.limits.timeout));
-        let absent = self.absent_protected();
+        let project = commands.project();
+        let absent = super::project::absent_protected(project);
         let outcome = self
             .shared
             .executor
@@ -283,7 +288,7 @@ impl SandboxServer {
                 Request {
                     env: &env,
                     code: b"",
-                    project: self.shared.project.as_ref(),
+                    project,
                     inherited: &self.shared.inherited,
                     cancel: cancel.clone(),
                     observer: Some(live),
@@ -302,7 +307,7 @@ impl SandboxServer {
             Ok(o) => {
                 let title = format!("command {}", inv.command);
                 let note = self
-                    .project_note(o.upper.clone(), absent, title, None)
+                    .project_note(project, o.upper.clone(), absent, title, None)
                     .await;
                 let r = result::run_result(&env.name, &o, &env.limits, None, note.as_ref());
                 let error = result::run_error(&o, &env.limits);

@@ -1,8 +1,9 @@
 //! The MCP surface: the `run` and `job` tools and the tools of declared
 //! commands (`commands.rs`) over rmcp, argument checks with errors a model
 //! can act on, progress and cancellation of calls, and the translation of
-//! runs and jobs into tool results. Knows the registry, the executor, the
-//! job table and the declared commands only through their public interfaces.
+//! runs and jobs into tool results; the project the client's roots name
+//! (`roots.rs`). Knows the registry, the executor, the job table and the
+//! declared commands only through their public interfaces.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,12 +21,11 @@ use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{self, AuditLog};
-use crate::commands::Commands;
+use crate::config::Config;
 use crate::environment::Environment;
 use crate::exec::{ExecError, Executor, Observer, Outcome, Request};
-use crate::jail::ProjectMount;
 use crate::jobs::Jobs;
-use crate::registry::Registry;
+use crate::registry::{Builds, Gathered, Registry};
 use crate::sessions::{SessionError, SessionOutcome, Sessions, Start};
 
 mod arguments;
@@ -35,7 +35,10 @@ mod job_result;
 mod progress;
 mod project;
 pub mod result;
+mod roots;
 pub mod tool;
+
+pub use roots::ProjectState;
 
 use arguments::Arguments;
 use result::{ErrorCode, ToolError};
@@ -46,11 +49,14 @@ pub const MAX_PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// Shared state of the server, built once at start-up (the registry is
-/// replaced as Nix builds end, see [`SandboxServer::publish`]).
+/// replaced as Nix builds end, see [`SandboxServer::publish`]; the project
+/// when the client's roots name another, see `roots.rs`).
 pub struct Shared {
+    pub config: Arc<Config>,
     pub registry: RwLock<Arc<Registry>>,
     pub executor: Executor,
-    pub project: Option<ProjectMount>,
+    /// The project and the declared commands, read from it.
+    pub project: RwLock<Arc<ProjectState>>,
     /// Values of the `inherit_env` variables, read when the server starts
     /// (the daemon's environment does not change while it runs).
     pub inherited: Vec<(String, String)>,
@@ -59,14 +65,17 @@ pub struct Shared {
     pub audit: Option<Arc<AuditLog>>,
     pub jobs: Jobs,
     pub sessions: Arc<Sessions>,
-    /// Declared commands, each offered as a tool.
-    pub commands: Arc<Commands>,
 }
 
 impl Shared {
     /// The environments offered now.
     pub fn registry(&self) -> Arc<Registry> {
         self.registry.read().unwrap().clone()
+    }
+
+    /// The project now; a call keeps the one it started with.
+    pub fn project_state(&self) -> Arc<ProjectState> {
+        self.project.read().unwrap().clone()
     }
 }
 
@@ -84,6 +93,12 @@ pub struct SandboxServer {
     watching: Arc<std::sync::OnceLock<()>>,
     /// The patches of the project's changes, and what sessions last reported.
     ledger: Arc<project::Ledger>,
+    /// Set once the client's roots were read (see `roots.rs`).
+    roots_read: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Held while the project is switched.
+    switching: Arc<tokio::sync::Mutex<()>>,
+    /// The task offering environments as their Nix builds end.
+    building: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 /// Where a call reports progress, when the client asked for it.
@@ -149,6 +164,9 @@ impl SandboxServer {
             peer: Arc::default(),
             watching: Arc::default(),
             ledger: Arc::default(),
+            roots_read: Arc::new(tokio::sync::watch::Sender::new(false)),
+            switching: Arc::default(),
+            building: Arc::default(),
         };
         server.offer(&registry, None);
         server
@@ -164,9 +182,79 @@ impl SandboxServer {
         );
         registry.log_new_warnings(Some(&earlier));
         self.offer(&registry, Some(&earlier));
+        self.tell_tools_changed();
+    }
+
+    /// Tells the client, once it is initialized, that the tools changed.
+    fn tell_tools_changed(&self) {
         if let Some(peer) = self.peer.get() {
             tell_tools_changed(peer);
         }
+    }
+
+    /// Offers each environment as its Nix build ends, in the background
+    /// (replacing builds followed before, which are stopped).
+    pub fn follow_builds(&self, mut gathered: Gathered, builds: Builds) {
+        let server = self.clone();
+        let task = tokio::spawn(async move {
+            use futures::StreamExt;
+            let config = server.shared.config.clone();
+            let prober = crate::app::ExecProber(server.shared.executor.clone());
+            let mut ended = std::pin::pin!(builds.run());
+            while let Some((about, result)) = ended.next().await {
+                if let Ok(offer) = &result {
+                    tracing::info!("{} is built: environment {}", about.label, offer.env.name);
+                }
+                gathered.finished(&about, result);
+                let registry =
+                    crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
+                if registry.offers_nothing() {
+                    tracing::error!(
+                        "no environment is available: every Nix build failed (see the warnings above)"
+                    );
+                }
+                server.publish(registry);
+            }
+        });
+        if let Some(earlier) = self.building.lock().unwrap().replace(task) {
+            // Dropping its builds kills their `nix build`s.
+            earlier.abort();
+        }
+    }
+
+    /// Stops following builds; their `nix build`s are killed.
+    pub fn stop_builds(&self) {
+        if let Some(task) = self.building.lock().unwrap().take() {
+            task.abort();
+        }
+    }
+
+    /// Gathers the environments again for the project now (the `project`
+    /// environment of `[project] use_flake` is the project's devShell):
+    /// offered at once, builds followed in the background.
+    async fn rebuild_for_project(&self) {
+        let state = self.shared.project_state();
+        let config = self.shared.config.clone();
+        let project = state.mount.as_ref().map(|m| m.host_path.as_path());
+        let (gathered, builds) =
+            crate::registry::gather_now(&config, project, &crate::registry::sources());
+        let prober = crate::app::ExecProber(self.shared.executor.clone());
+        let registry = crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
+        self.publish(registry);
+        self.follow_builds(gathered, builds);
+    }
+
+    /// Watches the project file of the project now, until the project changes.
+    fn watch_project_file(&self) {
+        let Some(peer) = self.peer.get().cloned() else {
+            return;
+        };
+        let state = self.shared.project_state();
+        crate::commands::watch::spawn(
+            state.commands.clone(),
+            move || tell_tools_changed(&peer),
+            state.watching.clone(),
+        );
     }
 
     /// Makes the tools for `registry`, and keeps sandboxes ready for each of
@@ -174,6 +262,8 @@ impl SandboxServer {
     /// the same name, which a build cannot do, keeps its first recipe's).
     fn offer(&self, registry: &Registry, earlier: Option<&Registry>) {
         let shared = &self.shared;
+        let state = shared.project_state();
+        let project = state.mount.as_ref();
         let envs: Vec<_> = registry.iter().cloned().collect();
         let output_bytes = envs
             .iter()
@@ -185,7 +275,8 @@ impl SandboxServer {
             tool::run_tool(
                 &envs,
                 registry,
-                shared.project.as_ref(),
+                project,
+                &state.other_roots,
                 output_bytes,
                 &shared.executor.missing_protections(),
             ),
@@ -195,10 +286,9 @@ impl SandboxServer {
             if earlier.is_some_and(|r| r.get(&env.name).is_some()) {
                 continue;
             }
-            if let Err(e) =
-                shared
-                    .executor
-                    .keep_ready_for(env, shared.project.as_ref(), &shared.inherited)
+            if let Err(e) = shared
+                .executor
+                .keep_ready_for(env, project, &shared.inherited)
             {
                 tracing::warn!("sandboxes for {} start on demand: {e}", env.name);
             }
@@ -208,13 +298,14 @@ impl SandboxServer {
     /// The tools offered now: `run`, `job`, and the declared commands'
     /// (with `confirm` when one of them needs confirmation).
     pub fn tools(&self) -> Vec<Tool> {
-        let catalog = self.shared.commands.catalog();
+        let state = self.shared.project_state();
+        let catalog = state.commands.catalog();
         let mut tools = self.tools.read().unwrap().clone();
         if catalog.is_empty() {
             return tools;
         }
         tools[0] = tool::with_commands(tools[0].clone(), &catalog);
-        let project = self.shared.project.as_ref();
+        let project = state.mount.as_ref();
         tools.extend(
             catalog
                 .offered
@@ -322,7 +413,8 @@ impl SandboxServer {
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
         let live = Arc::new(progress::Live::default());
         let reporter = progress.map(|p| p.report(&live, env.limits.timeout));
-        let absent = self.absent_protected();
+        let state = self.shared.project_state();
+        let absent = project::absent_protected(state.mount.as_ref());
         let outcome = match session {
             None => self
                 .shared
@@ -330,7 +422,7 @@ impl SandboxServer {
                 .run(Request {
                     env,
                     code: code.as_bytes(),
-                    project: self.shared.project.as_ref(),
+                    project: state.mount.as_ref(),
                     inherited: &self.shared.inherited,
                     cancel: cancel.clone(),
                     observer: Some(live),
@@ -367,8 +459,14 @@ impl SandboxServer {
                 };
                 let fresh = matches!(started, Some((Start::New | Start::Restarted(_), _)));
                 let session = session.map(|name| (name, fresh));
-                self.project_note(o.upper.clone(), absent, title, session)
-                    .await
+                self.project_note(
+                    state.mount.as_ref(),
+                    o.upper.clone(),
+                    absent,
+                    title,
+                    session,
+                )
+                .await
             }
             Err(_) => None,
         };
@@ -454,14 +552,15 @@ impl SandboxServer {
         let task_job = job.clone();
         tokio::spawn(async move {
             let observer: Arc<dyn Observer> = task_job.clone();
-            let absent = server.absent_protected();
+            let state = server.shared.project_state();
+            let absent = project::absent_protected(state.mount.as_ref());
             let outcome = server
                 .shared
                 .executor
                 .run(Request {
                     env: &job_env,
                     code: code.as_bytes(),
-                    project: server.shared.project.as_ref(),
+                    project: state.mount.as_ref(),
                     inherited: &server.shared.inherited,
                     cancel,
                     observer: Some(observer),
@@ -472,7 +571,7 @@ impl SandboxServer {
                     server.audit(&job_env, &code, "job", Ok(o));
                     let title = format!("{} {}", job_env.name, task_job.id);
                     server
-                        .project_note(o.upper.clone(), absent, title, None)
+                        .project_note(state.mount.as_ref(), o.upper.clone(), absent, title, None)
                         .await
                 }
                 Err(e) => {
@@ -654,10 +753,17 @@ impl ServerHandler for SandboxServer {
             .enable_tools()
             .enable_resources()
             .build();
-        // The project file's commands, and environments Nix is still
-        // building, come while the server runs.
-        if (self.shared.commands.project_file().is_some()
-            || !self.shared.registry().building.is_empty())
+        // The project file's commands, environments Nix is still building,
+        // and a project that follows the client's roots change while the
+        // server runs.
+        if (self
+            .shared
+            .project_state()
+            .commands
+            .project_file()
+            .is_some()
+            || !self.shared.registry().building.is_empty()
+            || !self.shared.config.project.path_is_explicit)
             && let Some(tools) = capabilities.tools.as_mut()
         {
             tools.list_changed = Some(true);
@@ -677,8 +783,10 @@ impl ServerHandler for SandboxServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        // The descriptions and the project file's commands follow the project.
+        self.roots_read(&context.peer).await;
         Ok(ListToolsResult::with_all_items(self.tools()))
     }
 
@@ -692,19 +800,21 @@ impl ServerHandler for SandboxServer {
             token,
             before: Duration::ZERO,
         });
+        self.roots_read(&context.peer).await;
         let args = request.arguments.as_ref();
+        let commands = self.shared.project_state().commands.clone();
         match request.name.as_ref() {
             tool::RUN => Ok(self.run(args, context.ct.clone(), progress).await.into()),
             tool::JOB => Ok(self.job(args, progress).await.into()),
-            tool::CONFIRM if self.shared.commands.catalog().any_confirm() => Ok(self
-                .confirm(args, context.ct.clone(), progress)
+            tool::CONFIRM if commands.catalog().any_confirm() => Ok(self
+                .confirm(&commands, args, context.ct.clone(), progress)
                 .await
                 .into()),
             other => {
-                let catalog = self.shared.commands.catalog();
+                let catalog = commands.catalog();
                 match catalog.by_tool(other) {
                     Some(offered) => Ok(self
-                        .call_command(offered, args, &context, progress)
+                        .call_command(&commands, offered, args, &context, progress)
                         .await
                         .into()),
                     None => Err(McpError::invalid_params(
@@ -779,13 +889,15 @@ impl ServerHandler for SandboxServer {
         if self.watching.set(()).is_err() {
             return;
         }
-        let peer = context.peer;
-        let _ = self.peer.set(peer.clone());
-        crate::commands::watch::spawn(
-            self.shared.commands.clone(),
-            move || tell_tools_changed(&peer),
-            self.shared.shutdown.clone(),
-        );
+        let _ = self.peer.set(context.peer.clone());
+        self.watch_project_file();
+        self.follow_roots(&context.peer).await;
+    }
+
+    async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
+        if self.watching.get().is_some() {
+            self.follow_roots(&context.peer).await;
+        }
     }
 }
 

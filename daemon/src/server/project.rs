@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use super::SandboxServer;
 use crate::changes::{self, Note, PatchStore, URI_PREFIX};
-use crate::jail::ProjectAccess;
+use crate::jail::{ProjectAccess, ProjectMount};
 
 /// Patches kept for reading, and their total size.
 const KEPT_PATCHES: usize = 32;
@@ -41,36 +41,37 @@ impl Default for Ledger {
     }
 }
 
-impl SandboxServer {
-    /// Before a run in a read-write project: its protected paths that do
-    /// not exist yet (a run that creates one is named in its result).
-    pub(super) fn absent_protected(&self) -> Vec<String> {
-        match &self.shared.project {
-            Some(p) if p.access == ProjectAccess::ReadWrite => p
-                .protected
-                .iter()
-                .filter(|rel| {
-                    p.host_path
-                        .join(rel.trim_end_matches('/'))
-                        .symlink_metadata()
-                        .is_err()
-                })
-                .cloned()
-                .collect(),
-            _ => Vec::new(),
-        }
+/// Before a run in a read-write project: its protected paths that do not
+/// exist yet (a run that creates one is named in its result).
+pub(super) fn absent_protected(project: Option<&ProjectMount>) -> Vec<String> {
+    match project {
+        Some(p) if p.access == ProjectAccess::ReadWrite => p
+            .protected
+            .iter()
+            .filter(|rel| {
+                p.host_path
+                    .join(rel.trim_end_matches('/'))
+                    .symlink_metadata()
+                    .is_err()
+            })
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
     }
+}
 
-    /// What a finished run did to the project. `session` is the session's
-    /// name, and whether this call started it afresh.
+impl SandboxServer {
+    /// What a finished run did to `project` (the one it ran with). `session`
+    /// is the session's name, and whether this call started it afresh.
     pub(super) async fn project_note(
         &self,
+        project: Option<&ProjectMount>,
         upper: Option<Arc<OwnedFd>>,
         absent_before: Vec<String>,
         title: String,
         session: Option<(&str, bool)>,
     ) -> Option<Note> {
-        let project = self.shared.project.as_ref()?;
+        let project = project?;
         let created_protected: Vec<String> = absent_before
             .into_iter()
             .filter(|rel| {

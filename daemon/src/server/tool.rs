@@ -19,10 +19,12 @@ pub const JOB: &str = "job";
 pub const CONFIRM: &str = "confirm";
 
 /// The `run` tool definition.
+/// `other_roots`: the client's roots besides the project, not mounted.
 pub fn run_tool(
     envs: &[Arc<Environment>],
     builds: &Registry,
     project: Option<&ProjectMount>,
+    other_roots: &[String],
     output_bytes: usize,
     missing: &[&str],
 ) -> Tool {
@@ -44,7 +46,7 @@ pub fn run_tool(
     let any_network = envs.iter().any(|e| e.network.policy().is_some());
     Tool::new(
         RUN,
-        description(envs, builds, project, output_bytes, missing),
+        description(envs, builds, project, other_roots, output_bytes, missing),
         Arc::new(object(input)),
     )
     .with_raw_output_schema(Arc::new(super::result::output_schema(
@@ -66,6 +68,7 @@ fn description(
     envs: &[Arc<Environment>],
     builds: &Registry,
     project: Option<&ProjectMount>,
+    other_roots: &[String],
     output_bytes: usize,
     missing: &[&str],
 ) -> String {
@@ -127,6 +130,12 @@ fn description(
             ProjectAccess::ReadOnly => "read-only",
         };
         d.push_str(&format!("Project: {} ({how}). ", p.mount_point));
+    }
+    if !other_roots.is_empty() {
+        d.push_str(&format!(
+            "Not mounted (the client's other roots): {}. ",
+            other_roots.join(", ")
+        ));
     }
     let fresh = if sessions {
         "empty each call unless session"

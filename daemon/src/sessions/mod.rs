@@ -70,7 +70,8 @@ pub struct SessionOutcome {
 
 pub struct Sessions {
     executor: Executor,
-    project: Option<ProjectMount>,
+    /// The project new sessions see.
+    project: std::sync::RwLock<Option<ProjectMount>>,
     /// Values of the `inherit_env` variables.
     inherited: Vec<(String, String)>,
     limits: SessionLimits,
@@ -106,7 +107,7 @@ impl Sessions {
     ) -> Sessions {
         Sessions {
             executor,
-            project,
+            project: std::sync::RwLock::new(project),
             inherited,
             limits,
             table: Mutex::new(HashMap::new()),
@@ -244,12 +245,13 @@ impl Sessions {
         kind: InterpreterKind,
         cancel: &CancellationToken,
     ) -> Result<Sandbox, SessionError> {
+        let project = self.project.read().unwrap().clone();
         let mut sandbox = self
             .executor
             .start_agent(AgentRequest {
                 env,
                 cancel,
-                project: self.project.as_ref(),
+                project: project.as_ref(),
                 inherited: &self.inherited,
                 program: agent::program_for(kind).as_bytes(),
             })
@@ -339,6 +341,18 @@ impl Sessions {
     pub async fn close_all(&self) {
         let all: Vec<Arc<Session>> = self.table.lock().unwrap().drain().map(|(_, s)| s).collect();
         for session in all {
+            session.close().await;
+        }
+    }
+
+    /// Shows `project` to sessions from now on. Every open session saw the
+    /// other one, so each is closed (after its call in progress), and its
+    /// next call is told `why`.
+    pub async fn change_project(&self, project: Option<ProjectMount>, why: &str) {
+        *self.project.write().unwrap() = project;
+        let open: Vec<(String, Arc<Session>)> = self.table.lock().unwrap().drain().collect();
+        for (name, session) in open {
+            self.remember_gone(name, why.to_string());
             session.close().await;
         }
     }
