@@ -26,9 +26,12 @@ pub struct App {
     pub project_note: Option<String>,
     /// What the sources offered, for loading the registry again as builds end.
     pub gathered: Gathered,
-    /// Builds still to run ([`StartOptions::background_builds`]); in a
+    /// Builds still to run ([`StartOptions::in_background`]); in a
     /// mutex so that an `App` can be shared between threads.
     pub builds: std::sync::Mutex<Builds>,
+    /// The registry's environments are still to be started once in the
+    /// jail (with [`StartOptions::in_background`]; see [`ExecProber`]).
+    pub checks_pending: bool,
 }
 
 /// Why the server cannot start, with the fix.
@@ -59,9 +62,10 @@ pub struct StartOptions {
     pub quick: bool,
     /// Keep sandboxes started ahead of time (for a long-running server).
     pub prestart: bool,
-    /// Hand the Nix builds the sources start back in [`App::builds`] instead
-    /// of waiting for them (for a server, which answers its client first).
-    pub background_builds: bool,
+    /// Hand the Nix builds the sources start back in [`App::builds`], and
+    /// leave the environments' start checks to the caller, instead of
+    /// waiting for either (for a server, which answers its client first).
+    pub in_background: bool,
 }
 
 pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
@@ -96,13 +100,17 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     let registry = if opts.load_environments {
         let project_dir = project.as_ref().map(|p| p.host_path.as_path());
         let sources = registry::sources();
-        if opts.background_builds {
+        if opts.in_background {
             (gathered, builds) = registry::gather_now(&config, project_dir, &sources);
         } else {
             gathered = registry::gather(&config, project_dir, &sources).await;
         }
         let prober = ExecProber(executor.clone());
-        let prober: Option<&dyn Prober> = if opts.quick { None } else { Some(&prober) };
+        let prober: Option<&dyn Prober> = if opts.quick || opts.in_background {
+            None
+        } else {
+            Some(&prober)
+        };
         let reg = registry::load(&config, gathered.clone(), prober).await;
         reg.log_new_warnings(None);
         if reg.offers_nothing() {
@@ -121,6 +129,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
         project_note,
         gathered,
         builds: std::sync::Mutex::new(builds),
+        checks_pending: opts.in_background && opts.load_environments && !opts.quick,
     })
 }
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -300,4 +302,45 @@ def test_results_say_what_a_run_used():
             assert sc["peak_memory_bytes"] >= 64 << 20, dump(sc)
             assert sc["cpu_ms"] >= 0, dump(sc)
             assert "peak memory" in text and "cpu " in text, text
+    run_async(t)
+
+
+@pytest.mark.skipif(MODE != "host" or shutil.which("cc") is None, reason="a host interpreter, built with cc")
+def test_the_handshake_does_not_wait_for_the_start_checks_and_the_tool_list_does():
+    """Each environment is started once in the jail before it is offered, off
+    the handshake: initialize is answered at once, tools/list (and a call)
+    when the checks end, with only the environments that started."""
+    # Install prefixes outside /tmp (every sandbox has its own /tmp).
+    top = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-", dir="/var/tmp"))
+    d = top / "prefix" / "bin"
+    d.mkdir(parents=True)
+    for p in (top, top / "prefix", d):
+        p.chmod(0o755)
+    # A bash that takes 6 s to start (an interpreter must be a program, not a script).
+    source = top / "slow.c"
+    source.write_text(
+        "#include <unistd.h>\n"
+        "int main(int c, char **v) { sleep(6); v[0] = \"/bin/bash\"; execv(\"/bin/bash\", v); return 127; }\n"
+    )
+    subprocess.run(["cc", "-o", str(d / "bash"), str(source)], check=True)
+    shutil.copy("/bin/false", d / "python3")
+    for p in (d / "bash", d / "python3"):
+        p.chmod(0o755)
+    config = write_config(
+        f'[environments.slow]\ninterpreter = ["{d / "bash"}", "{{file}}"]\n'
+        f'[environments.broken]\ninterpreter = ["{d / "python3"}", "{{file}}"]\n'
+        '[environments.bash]\npreset = "bash"\n'
+    )
+
+    async def t():
+        async with session(config=config) as s:
+            # `session` has answered initialize by now; the slow check has not ended.
+            started = time.monotonic()
+            tools = (await s.list_tools()).tools
+            assert time.monotonic() - started > 2, "tools/list did not wait for the start checks"
+            d = tools[0].description
+            assert "- slow: " in d and "- bash: " in d and "- broken" not in d, d
+            sc, _, err = await call(s, "broken", "print(1)")
+            assert err and sc["error"]["code"] == "unknown_env", dump(sc)
+
     run_async(t)

@@ -305,13 +305,13 @@ async fn dispatch(cli: Cli) -> ExitCode {
         load_environments: true,
         quick: false,
         prestart: false,
-        background_builds: false,
+        in_background: false,
     };
     match cli.command {
         None if cli.stdio => {
             serve::serve_stdio(&StartOptions {
                 prestart: true,
-                background_builds: true,
+                in_background: true,
                 ..opts
             })
             .await

@@ -17,11 +17,17 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         audit,
         gathered,
         builds,
+        checks_pending,
         ..
     } = app;
     tracing::info!(
-        "serving {} environment(s) over stdio: {}; limits: {}",
+        "serving {} environment(s) over stdio{}: {}; limits: {}",
         registry.len(),
+        if checks_pending {
+            ", once each starts in the sandbox"
+        } else {
+            ""
+        },
         registry.names().join(", "),
         executor.enforcer().describe()
     );
@@ -50,9 +56,12 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         jobs,
         sessions: sessions.clone(),
     });
+    // The environments are started once in the jail after the handshake,
+    // before the first tools/list is answered.
     server.follow_builds(
         gathered,
         builds.into_inner().unwrap_or_else(|e| e.into_inner()),
+        checks_pending,
     );
     let reaper = tokio::spawn(sessions.clone().reap_forever());
     let orphans = tokio::spawn(async {

@@ -47,6 +47,9 @@ use result::{ErrorCode, ToolError};
 pub const MAX_PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
 /// Longest a `job` call waits for a job to finish.
 const MAX_WAIT: Duration = Duration::from_secs(60);
+/// Longest tools/list and calls wait for the start checks (each check is
+/// bounded by its own time limit; this is a backstop).
+const CHECKS_WAIT: Duration = Duration::from_secs(60);
 
 /// Shared state of the server, built once at start-up (the registry is
 /// replaced as Nix builds end, see [`SandboxServer::publish`]; the project
@@ -95,6 +98,8 @@ pub struct SandboxServer {
     ledger: Arc<project::Ledger>,
     /// Set once the client's roots were read (see `roots.rs`).
     roots_read: Arc<tokio::sync::watch::Sender<bool>>,
+    /// False while the environments' start checks run (see [`Self::follow_builds`]).
+    checked: Arc<tokio::sync::watch::Sender<bool>>,
     /// Held while the project is switched.
     switching: Arc<tokio::sync::Mutex<()>>,
     /// The task offering environments as their Nix builds end.
@@ -165,6 +170,7 @@ impl SandboxServer {
             watching: Arc::default(),
             ledger: Arc::default(),
             roots_read: Arc::new(tokio::sync::watch::Sender::new(false)),
+            checked: Arc::new(tokio::sync::watch::Sender::new(true)),
             switching: Arc::default(),
             building: Arc::default(),
         };
@@ -175,6 +181,13 @@ impl SandboxServer {
     /// Replaces the environments offered (a Nix build ended): new tools,
     /// sandboxes kept ready for the new environments, and the client told.
     pub fn publish(&self, registry: Registry) {
+        self.replace_registry(registry);
+        self.tell_tools_changed();
+    }
+
+    /// The same without telling the client: for the start checks' result,
+    /// which tools/list waits for, so that no client saw the list before.
+    fn replace_registry(&self, registry: Registry) {
         let registry = Arc::new(registry);
         let earlier = std::mem::replace(
             &mut *self.shared.registry.write().unwrap(),
@@ -182,7 +195,15 @@ impl SandboxServer {
         );
         registry.log_new_warnings(Some(&earlier));
         self.offer(&registry, Some(&earlier));
-        self.tell_tools_changed();
+    }
+
+    /// Waits until what tools/list and calls depend on is settled: the
+    /// environments' start checks (at most [`CHECKS_WAIT`]), and the client's
+    /// roots when the project follows them.
+    async fn ready(&self, peer: &Peer<RoleServer>) {
+        let mut checked = self.checked.subscribe();
+        let _ = tokio::time::timeout(CHECKS_WAIT, checked.wait_for(|done| *done)).await;
+        self.roots_read(peer).await;
     }
 
     /// Tells the client, once it is initialized, that the tools changed.
@@ -193,13 +214,29 @@ impl SandboxServer {
     }
 
     /// Offers each environment as its Nix build ends, in the background
-    /// (replacing builds followed before, which are stopped).
-    pub fn follow_builds(&self, mut gathered: Gathered, builds: Builds) {
+    /// (replacing builds followed before, which are stopped). With
+    /// `check_first`, what `gathered` holds is first started once in the jail
+    /// and offered; tools/list and calls wait for that (see [`Self::ready`]).
+    pub fn follow_builds(&self, mut gathered: Gathered, builds: Builds, check_first: bool) {
+        if check_first {
+            self.checked.send_replace(false);
+        }
         let server = self.clone();
         let task = tokio::spawn(async move {
             use futures::StreamExt;
             let config = server.shared.config.clone();
             let prober = crate::app::ExecProber(server.shared.executor.clone());
+            if check_first {
+                let registry =
+                    crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
+                if registry.offers_nothing() && registry.building.is_empty() {
+                    tracing::error!(
+                        "no environment is available: none starts in the sandbox (see the warnings above)"
+                    );
+                }
+                server.replace_registry(registry);
+                server.checked.send_replace(true);
+            }
             let mut ended = std::pin::pin!(builds.run());
             while let Some((about, result)) = ended.next().await {
                 if let Ok(offer) = &result {
@@ -231,17 +268,14 @@ impl SandboxServer {
 
     /// Gathers the environments again for the project now (the `project`
     /// environment of `[project] use_flake` is the project's devShell):
-    /// offered at once, builds followed in the background.
-    async fn rebuild_for_project(&self) {
+    /// checked and offered, builds followed, in the background.
+    fn rebuild_for_project(&self) {
         let state = self.shared.project_state();
         let config = self.shared.config.clone();
         let project = state.mount.as_ref().map(|m| m.host_path.as_path());
         let (gathered, builds) =
             crate::registry::gather_now(&config, project, &crate::registry::sources());
-        let prober = crate::app::ExecProber(self.shared.executor.clone());
-        let registry = crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
-        self.publish(registry);
-        self.follow_builds(gathered, builds);
+        self.follow_builds(gathered, builds, true);
     }
 
     /// Watches the project file of the project now, until the project changes.
@@ -785,8 +819,9 @@ impl ServerHandler for SandboxServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        // The descriptions and the project file's commands follow the project.
-        self.roots_read(&context.peer).await;
+        // Only checked environments are listed; the descriptions and the
+        // project file's commands follow the project.
+        self.ready(&context.peer).await;
         Ok(ListToolsResult::with_all_items(self.tools()))
     }
 
@@ -800,7 +835,7 @@ impl ServerHandler for SandboxServer {
             token,
             before: Duration::ZERO,
         });
-        self.roots_read(&context.peer).await;
+        self.ready(&context.peer).await;
         let args = request.arguments.as_ref();
         let commands = self.shared.project_state().commands.clone();
         match request.name.as_ref() {

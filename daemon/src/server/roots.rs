@@ -224,7 +224,7 @@ impl SandboxServer {
         earlier.watching.cancel();
         self.watch_project_file();
         if config.project.use_flake {
-            self.rebuild_for_project().await;
+            self.rebuild_for_project();
         }
         // Every recipe changed with the project: keep sandboxes ready anew.
         self.offer(&self.shared.registry(), None);

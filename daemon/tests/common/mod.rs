@@ -52,7 +52,7 @@ pub fn fixture() -> &'static Fixture {
                     // Each test has its own runtime; sandboxes started in the
                     // set-up runtime would outlive it.
                     prestart: false,
-                    background_builds: false,
+                    in_background: false,
                 }))
                 .unwrap_or_else(|e| panic!("start failed: {e}"));
             Fixture { app, project, _dir: dir }
