@@ -127,6 +127,10 @@ pub struct Call<'a> {
     /// it bubblewrap makes the writable filesystems itself, and the project
     /// is bound from the host.
     pub staged: Option<&'a Path>,
+    /// A directory holding exactly the environment's closure (a store view,
+    /// see `exec::nest::view`), bound over the store in one piece instead
+    /// of one bind per store path.
+    pub store_view: Option<&'a Path>,
     /// The project's protected paths that exist on the host as files or
     /// directories (not symlinks), relative: read-only in a read-write project.
     pub protected: &'a [String],
@@ -145,6 +149,17 @@ pub struct CacheMount {
 /// Where `env`'s code file appears in the sandbox: in the working directory.
 pub fn code_path(env: &Environment) -> String {
     format!("{WORKSPACE}/{}", env.file_name)
+}
+
+/// The store directory of a closure: the one parent all its paths have
+/// (`None` for an empty closure, or paths in several directories, which
+/// are bound one by one).
+pub fn store_dir(paths: &[PathBuf]) -> Option<&Path> {
+    let first = paths.first()?.parent()?;
+    paths
+        .iter()
+        .all(|p| p.parent() == Some(first))
+        .then_some(first)
 }
 
 /// The bubblewrap options for `call`: everything but the command, which
@@ -199,7 +214,10 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         }
     }
 
-    // Root filesystem, read-only.
+    // Root filesystem, read-only. A store view is bound after every other
+    // mount: bubblewrap reads the whole mount table for each bind, and the
+    // fewer of them see the view's mounts, the faster.
+    let mut store_view = None;
     match &env.root {
         RootFs::Host { extra } => {
             for dir in &layout.system_dirs {
@@ -213,8 +231,13 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
             }
         }
         RootFs::Closure { store_paths, links } => {
-            for p in store_paths {
-                a.bind_ro(p, p);
+            match (call.store_view, store_dir(store_paths)) {
+                (Some(view), Some(store)) => store_view = Some((view, store)),
+                _ => {
+                    for p in store_paths {
+                        a.bind_ro(p, p);
+                    }
+                }
             }
             for (link, target) in links {
                 a.triple_os("--symlink", target.as_os_str(), link.as_os_str());
@@ -292,6 +315,9 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     }
     if let Some((file, at)) = call.code_file {
         a.bind_ro(file, Path::new(at));
+    }
+    if let Some((view, store)) = store_view {
+        a.bind_ro(view, store);
     }
     if layout.add_seccomp_fd {
         for fd in &call.seccomp_fds {

@@ -25,6 +25,9 @@ pub struct Platform {
     /// An empty directory: where the nest mounts each sandbox's staged
     /// tmpfs, every one in a mount namespace of its own.
     pub stage_dir: PathBuf,
+    /// An empty directory: where each store view's tmpfs is mounted, every
+    /// one in a mount namespace of its own (see `exec::nest::view`).
+    pub view_dir: PathBuf,
     /// Where the code of each run is written (mode 0700, owned by the uid
     /// bubblewrap runs as): the file is bound into the sandbox read-only.
     code_dir: PathBuf,
@@ -94,6 +97,8 @@ impl Platform {
             .then_some((UNPRIVILEGED_ID, UNPRIVILEGED_ID));
         let stage_dir = runtime_dir.path().join("stage");
         fs::create_dir(&stage_dir).map_err(PlatformError::RuntimeDir)?;
+        let view_dir = runtime_dir.path().join("store-view");
+        fs::create_dir(&view_dir).map_err(PlatformError::RuntimeDir)?;
         let code_dir = runtime_dir.path().join("code");
         fs::create_dir(&code_dir).map_err(PlatformError::RuntimeDir)?;
         fs::set_permissions(&code_dir, fs::Permissions::from_mode(0o700))
@@ -112,6 +117,7 @@ impl Platform {
             layout,
             run_as,
             stage_dir,
+            view_dir,
             code_dir,
             _runtime_dir: runtime_dir,
         })

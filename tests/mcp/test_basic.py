@@ -344,3 +344,4 @@ def test_the_handshake_does_not_wait_for_the_start_checks_and_the_tool_list_does
             assert err and sc["error"]["code"] == "unknown_env", dump(sc)
 
     run_async(t)
+

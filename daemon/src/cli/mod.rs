@@ -70,6 +70,11 @@ ENVIRONMENT
                        namespace of the server's own where their filesystems are
                        staged (then no project overlay: an overlay project is
                        read-only; and no bound on the number of files written).
+    NIX_SANDBOX_STORE_VIEW
+                       off: a Nix closure is bound into each sandbox path by
+                       path, not through a store view (one mount per closure,
+                       made once, bound in one piece); what each sandbox sees
+                       is the same.
     XDG_CACHE_HOME     Where environments' caches are kept (default ~/.cache;
                        /var/cache for root): nix-sandbox-mcp/caches/.
     RUST_LOG           Log filter, e.g. debug or nix_sandbox_mcp=trace (logs go to stderr).
@@ -239,6 +244,12 @@ pub fn main() -> ExitCode {
     match args.next().as_deref().and_then(|a| a.to_str()) {
         Some(holder::HOLDER) => {
             return holder::holder_main(args.next().as_deref().and_then(|a| a.to_str()));
+        }
+        // A store view's helper (see exec::nest::view).
+        Some(crate::exec::nest::view::VIEWER) => {
+            let arg = |a: Option<std::ffi::OsString>| a.and_then(|a| a.into_string().ok());
+            let (ns, dir) = (arg(args.next()), arg(args.next()));
+            return crate::exec::nest::view::viewer_main(ns.as_deref(), dir.as_deref());
         }
         // doctor's probe, run by doctor inside a test sandbox.
         Some(crate::doctor::probe::PROBE) => return crate::doctor::probe::probe_main(args),

@@ -38,8 +38,10 @@ pub mod spawn;
 mod status;
 pub mod supervise;
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::unix::pipe;
@@ -51,7 +53,7 @@ pub use outcome::{LimitKind, Outcome};
 pub use sandbox::Sandbox;
 pub use supervise::{End, Protocol, RunOnce, Supervised, Watch, supervise};
 
-use crate::environment::Environment;
+use crate::environment::{Environment, RootFs};
 use crate::jail::ProjectMount;
 use crate::limits::{Enforcer, Usage};
 use crate::network::Proxy;
@@ -218,6 +220,9 @@ struct Inner {
     nest: Result<nest::Nest, String>,
     /// Where environments' caches are kept, once the project is known.
     caches: std::sync::RwLock<Option<crate::caches::Caches>>,
+    /// Store views by closure (`None`: the view could not be made, and
+    /// the closure is bound path by path).
+    views: Mutex<HashMap<Vec<PathBuf>, Option<Arc<nest::view::View>>>>,
 }
 
 impl Executor {
@@ -252,6 +257,7 @@ impl Executor {
                 proxy,
                 nest,
                 caches: std::sync::RwLock::new(None),
+                views: Mutex::default(),
             }),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -320,14 +326,45 @@ impl Executor {
             Some(c) => c.mounts(ingredients.env),
             None => Vec::new(),
         };
+        let view = self
+            .view_for(ingredients.env)
+            .map(|v| (v, self.inner.platform.view_dir.as_path()));
         Recipe::new(
             &self.inner.platform.layout,
             &self.inner.enforcer,
             &self.inner.seccomp,
             stage_root,
+            view,
             caches,
             ingredients,
         )
+    }
+
+    /// The store view of `env`'s closure, made the first time it is asked
+    /// for (blocking: a helper and a mount per store path); none without
+    /// the nest, with views turned off, or when the view cannot be made.
+    fn view_for(&self, env: &Environment) -> Option<Arc<nest::view::View>> {
+        let RootFs::Closure { store_paths, .. } = &env.root else {
+            return None;
+        };
+        let nest = self.inner.nest.as_ref().ok()?;
+        if std::env::var_os(NO_VIEW_VAR).is_some_and(|v| v == "off") {
+            return None;
+        }
+        crate::jail::store_dir(store_paths)?;
+        let mut views = self.inner.views.lock().unwrap();
+        views
+            .entry(store_paths.clone())
+            .or_insert_with(
+                || match nest.make_view(&self.inner.platform.view_dir, store_paths) {
+                    Ok(v) => Some(Arc::new(v)),
+                    Err(e) => {
+                        tracing::warn!("the closure of {} is bound path by path: {e}", env.name);
+                        None
+                    }
+                },
+            )
+            .clone()
     }
 
     /// Keeps environments' caches for `project` (see [`crate::caches`]),
@@ -665,6 +702,9 @@ impl Inner {
 /// Set to `off`, sandboxes start without the nest (for troubleshooting, and
 /// to test the fallback).
 pub const NO_NEST_VAR: &str = "NIX_SANDBOX_NEST";
+/// Set to `off`, a closure is bound path by path, not through a store view
+/// (for troubleshooting, and to compare the two).
+pub const NO_VIEW_VAR: &str = "NIX_SANDBOX_STORE_VIEW";
 
 /// Writes `code` into a prepared sandbox's code file (large code off the
 /// runtime's threads).

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::ExecError;
+use super::nest::view::View;
 use super::nest::{ProjectSpec, StageSpec};
 use crate::environment::Environment;
 use crate::jail::{self, CacheMount, Call, HostLayout, ProjectAccess, ProjectMount};
@@ -28,6 +29,8 @@ pub(super) struct RecipeKey {
     memory_bytes: u64,
     pids: u64,
     stage: Option<StageSpec>,
+    /// The closure, which a store view hides from the options.
+    closure: Vec<std::path::PathBuf>,
 }
 
 /// Everything needed to prepare a sandbox for one kind of call.
@@ -54,6 +57,8 @@ pub(super) struct Recipe {
     pub(super) protected: Vec<String>,
     /// The environment's caches in this project.
     pub(super) caches: Vec<CacheMount>,
+    /// The closure's store view, when the sandbox starts from one.
+    pub(super) view: Option<Arc<View>>,
 }
 
 /// Compiled seccomp programs, once per distinct allow-list.
@@ -89,12 +94,14 @@ pub(super) struct Ingredients<'a> {
 }
 
 impl Recipe {
-    /// `stage_root` is where the nest stages sandboxes, when it does.
+    /// `stage_root` is where the nest stages sandboxes, when it does;
+    /// `view`, the closure's store view and where it is mounted.
     pub(super) fn new(
         layout: &HostLayout,
         enforcer: &Enforcer,
         seccomp: &SeccompCache,
         stage_root: Option<&Path>,
+        view: Option<(Arc<View>, &Path)>,
         caches: Vec<CacheMount>,
         i: Ingredients,
     ) -> Result<Recipe, ExecError> {
@@ -120,6 +127,7 @@ impl Recipe {
             inherited: i.inherited,
             workdir: i.workdir.as_deref(),
             staged: stage_root,
+            store_view: view.as_ref().map(|(_, at)| *at),
             protected: &protected,
             caches: &caches,
         };
@@ -145,6 +153,10 @@ impl Recipe {
                 memory_bytes: i.env.limits.memory_bytes,
                 pids: i.env.limits.pids,
                 stage: stage.clone(),
+                closure: match &i.env.root {
+                    crate::environment::RootFs::Closure { store_paths, .. } => store_paths.clone(),
+                    crate::environment::RootFs::Host { .. } => Vec::new(),
+                },
             },
             env: i.env.clone(),
             project: i.project.cloned(),
@@ -158,6 +170,7 @@ impl Recipe {
             stage,
             protected,
             caches,
+            view: view.map(|(v, _)| v),
         })
     }
 }
@@ -189,4 +202,62 @@ pub(super) fn nul_separated(args: Vec<OsString>) -> Vec<u8> {
         out.push(0);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::environment::RootFs;
+
+    fn key(closure: &[&str], view: bool) -> RecipeKey {
+        let mut env = crate::app::self_test_env(Default::default());
+        env.root = RootFs::Closure {
+            store_paths: closure.iter().map(std::path::PathBuf::from).collect(),
+            links: Vec::new(),
+        };
+        // Any descriptor stands in for a view's mount namespace here.
+        let view = view.then(|| {
+            let namespace = rustix::fs::open(
+                "/dev/null",
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap();
+            (
+                Arc::new(View { namespace }),
+                Path::new("/run/nsm/store-view"),
+            )
+        });
+        Recipe::new(
+            &HostLayout::default(),
+            &Enforcer::rlimits_only("test"),
+            &SeccompCache::default(),
+            Some(Path::new("/run/nsm/stage")),
+            view,
+            Vec::new(),
+            Ingredients {
+                env: &env,
+                project: None,
+                inherited: &[],
+                code_path: "/workspace/.main.sh".to_string(),
+                extra_args: Vec::new(),
+                command: None,
+                workdir: None,
+            },
+        )
+        .unwrap()
+        .key
+    }
+
+    #[test]
+    fn a_sandbox_prepared_for_one_closure_is_never_taken_for_another() {
+        let a = ["/nix/store/aaa-bash", "/nix/store/bbb-glibc"];
+        let b = ["/nix/store/aaa-bash", "/nix/store/ccc-glibc"];
+        for view in [true, false] {
+            assert_eq!(key(&a, view), key(&a, view));
+            // Through a view the options are the same for both closures.
+            assert_ne!(key(&a, view), key(&b, view), "view: {view}");
+        }
+        assert_ne!(key(&a, true), key(&a, false));
+    }
 }

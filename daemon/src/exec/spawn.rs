@@ -88,12 +88,14 @@ pub(super) fn spawn(
         inherited: &recipe.inherited,
         workdir: recipe.workdir.as_deref(),
         staged: nest.map(|_| platform.stage_dir.as_path()),
+        store_view: recipe.view.as_ref().map(|_| platform.view_dir.as_path()),
         protected: &recipe.protected,
         caches: &recipe.caches,
     };
     let (entry, receipt) = match nest {
         Some(n) => {
-            let (entry, receipt) = n.entry(recipe.stage.as_ref(), platform.run_as)?;
+            let (entry, receipt) =
+                n.entry(recipe.stage.as_ref(), recipe.view.clone(), platform.run_as)?;
             (Some(entry), Some(receipt))
         }
         None => (None, None),

@@ -78,6 +78,7 @@ fn bare_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Cal
         inherited: &[],
         workdir: None,
         staged: None,
+        store_view: None,
         protected: &[],
         caches: &[],
     }
@@ -417,4 +418,49 @@ fn closure_root_shows_only_the_closure() {
         &["--symlink", "/nix/store/ccc-bash/bin/bash", "/bin/sh"]
     ));
     assert!(!a.iter().any(|x| x == "/usr" || x == "/etc/ld.so.cache"));
+}
+
+#[test]
+fn a_store_view_replaces_the_closures_binds_with_one() {
+    let mut e = env();
+    let closure: Vec<PathBuf> = vec![
+        "/nix/store/aaa-python".into(),
+        "/nix/store/bbb-glibc".into(),
+    ];
+    e.root = RootFs::Closure {
+        store_paths: closure.clone(),
+        links: vec![("/bin/sh".into(), "/nix/store/ccc-bash/bin/bash".into())],
+    };
+    let a = options(&Call {
+        store_view: Some(Path::new("/run/nsm/store-view")),
+        ..bare_call(&e, None)
+    });
+    assert!(has(&a, &["--ro-bind", "/run/nsm/store-view", "/nix/store"]));
+    assert!(
+        !a.iter()
+            .any(|x| x == "/nix/store/aaa-python" || x == "/nix/store/bbb-glibc")
+    );
+    assert!(has(
+        &a,
+        &["--symlink", "/nix/store/ccc-bash/bin/bash", "/bin/sh"]
+    ));
+    // Paths in several directories have no one store to bind over: each is bound.
+    e.root = RootFs::Closure {
+        store_paths: vec![
+            "/nix/store/aaa-python".into(),
+            "/opt/store/bbb-glibc".into(),
+        ],
+        links: vec![],
+    };
+    let a = options(&Call {
+        store_view: Some(Path::new("/run/nsm/store-view")),
+        ..bare_call(&e, None)
+    });
+    assert!(!a.iter().any(|x| x == "/run/nsm/store-view"));
+    assert!(has(
+        &a,
+        &["--ro-bind", "/opt/store/bbb-glibc", "/opt/store/bbb-glibc"]
+    ));
+    assert_eq!(store_dir(&closure), Some(Path::new("/nix/store")));
+    assert_eq!(store_dir(&[]), None);
 }

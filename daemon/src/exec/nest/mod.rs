@@ -18,6 +18,7 @@
 
 pub mod holder;
 pub mod stage;
+pub mod view;
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
@@ -107,6 +108,8 @@ impl Reaped {
 /// What a child needs to enter the nest, prepared before the fork.
 pub(super) struct Entry {
     namespaces: Arc<Namespaces>,
+    /// The store view whose mount namespace the sandbox starts from.
+    view: Option<Arc<view::View>>,
     stage: Option<stage::Plan>,
     /// The child's end of its reports (see [`Receipt`]).
     socket: OwnedFd,
@@ -192,6 +195,7 @@ impl Nest {
     pub(super) fn entry(
         &self,
         spec: Option<&StageSpec>,
+        view: Option<Arc<view::View>>,
         owner: Option<(u32, u32)>,
     ) -> std::io::Result<(Entry, Receipt)> {
         let (ours, theirs) = rustix::net::socketpair(
@@ -207,11 +211,18 @@ impl Nest {
         Ok((
             Entry {
                 namespaces: self.namespaces.clone(),
+                view,
                 stage,
                 socket: theirs,
             },
             Receipt(ours),
         ))
+    }
+
+    /// Makes the store view of a closure (see [`view`]) at `view_dir`.
+    pub fn make_view(&self, view_dir: &Path, paths: &[PathBuf]) -> Result<view::View, String> {
+        let user = PathBuf::from(format!("/proc/{}/ns/user", self.holder.id()));
+        view::make(&user, view_dir, paths)
     }
 
     /// Usage reports of the processes the nest's init reaps.
@@ -223,7 +234,9 @@ impl Nest {
     /// cannot run (`/dev/null`): staging succeeds or fails before the exec,
     /// and nothing is started.
     pub fn probe(&self, run_as: Option<(u32, u32)>, spec: &StageSpec) -> Result<(), String> {
-        let (entry, receipt) = self.entry(Some(spec), run_as).map_err(|e| e.to_string())?;
+        let (entry, receipt) = self
+            .entry(Some(spec), None, run_as)
+            .map_err(|e| e.to_string())?;
         let mut cmd = Command::new("/dev/null");
         cmd.env_clear()
             .stdin(Stdio::null())
@@ -356,6 +369,14 @@ impl Entry {
         }
         // Its own process group, as the program's would be (kills reach it).
         rustix::process::setpgid(None, None).map_err(std::io::Error::from)?;
+        // The store view's mount namespace, which staging copies.
+        if let Some(view) = &self.view {
+            rustix::thread::move_into_link_name_space(
+                view.namespace.as_fd(),
+                Some(LinkNameSpaceType::Mount),
+            )
+            .map_err(|e| fail(stage::Step::StoreView, e))?;
+        }
         if let Some(plan) = &self.stage {
             match plan.apply() {
                 Ok(dir) => stage::report(&self.socket, &Ok(dir)),

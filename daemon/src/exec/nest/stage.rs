@@ -78,6 +78,7 @@ pub(in crate::exec) enum Step {
     Directories = 7,
     ProjectBind = 8,
     Overlay = 9,
+    StoreView = 10,
 }
 
 impl Step {
@@ -93,6 +94,7 @@ impl Step {
             Step::Directories,
             Step::ProjectBind,
             Step::Overlay,
+            Step::StoreView,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -110,6 +112,7 @@ impl Step {
             Step::Directories => "creating the scratch directories",
             Step::ProjectBind => "binding the project as the overlay's lower layer",
             Step::Overlay => "mounting the project's overlay",
+            Step::StoreView => "joining the store view's mount namespace",
         }
     }
 }

@@ -1,0 +1,190 @@
+//! Store views: a Nix closure's store paths, bound once per closure into a
+//! tmpfs in a mount namespace of the nest's own, so that a sandbox sees
+//! exactly its closure through one recursive bind instead of one bind per
+//! store path (bubblewrap reads the whole mount table for each bind it
+//! makes, so per-path binds cost more than linearly: see
+//! `bench/closure_binds.py`). A sandbox's child joins the view's namespace
+//! before it makes its own (see [`super::Entry::enter`]); the namespace
+//! lives as long as a descriptor on it (the daemon's, a sandbox's).
+//!
+//! The view is made by a helper run from this binary (`__view`), which
+//! joins the nest's user namespace, makes the mount namespace, binds each
+//! path read-only (keeping the flags the host's mount has, which a user
+//! namespace may not drop), says `ready`, and waits until the daemon has
+//! opened its mount namespace and closes its standard input.
+
+use std::io::{BufRead, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use rustix::mount::MountFlags;
+use rustix::thread::{LinkNameSpaceType, UnshareFlags};
+
+/// The helper's subcommand: `__view USER_NAMESPACE VIEW_DIR`, the paths on
+/// standard input, one per line.
+pub const VIEWER: &str = "__view";
+const READY: &[u8] = b"ready\n";
+
+/// A closure's view: the mount namespace holding it.
+#[derive(Debug)]
+pub struct View {
+    pub(in crate::exec) namespace: OwnedFd,
+}
+
+/// Makes the view of `paths` (absolute, no newline in them) at `view_dir`,
+/// in a new mount namespace owned by the user namespace at `user_namespace`
+/// (a `/proc/PID/ns/user` path). Blocking: a helper process, and a mount
+/// per path.
+pub fn make(user_namespace: &Path, view_dir: &Path, paths: &[PathBuf]) -> Result<View, String> {
+    let mut helper = Command::new("/proc/self/exe")
+        .arg(VIEWER)
+        .arg(user_namespace)
+        .arg(view_dir)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the store view's helper: {e}"))?;
+    let result = (|| {
+        let mut stdin = helper.stdin.take().expect("piped");
+        let mut list = Vec::new();
+        for p in paths {
+            list.extend_from_slice(p.as_os_str().as_bytes());
+            list.push(b'\n');
+        }
+        list.push(b'\n');
+        stdin.write_all(&list).map_err(|e| e.to_string())?;
+        let mut ready = [0u8; READY.len()];
+        let out = helper.stdout.as_mut().expect("piped");
+        out.read_exact(&mut ready).map_err(|e| e.to_string())?;
+        if ready != READY {
+            return Err("the helper said something else".to_string());
+        }
+        let path = format!("/proc/{}/ns/mnt", helper.id());
+        let namespace = rustix::fs::open(
+            path.as_str(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open {path}: {e}"))?;
+        drop(stdin);
+        Ok(View { namespace })
+    })();
+    let _ = helper.kill();
+    let mut why = String::new();
+    if let Some(mut err) = helper.stderr.take() {
+        let _ = err.read_to_string(&mut why);
+    }
+    let _ = helper.wait();
+    result.map_err(|e| {
+        let why = why.trim().trim_start_matches("nix-sandbox-mcp view: ");
+        if why.is_empty() {
+            format!("cannot make the store view: {e}")
+        } else {
+            format!("cannot make the store view: {why}")
+        }
+    })
+}
+
+/// The helper's body (see the module's header).
+pub fn viewer_main(user_namespace: Option<&str>, view_dir: Option<&str>) -> ExitCode {
+    let (Some(user_namespace), Some(view_dir)) = (user_namespace, view_dir) else {
+        eprintln!("nix-sandbox-mcp view: usage: __view USER_NAMESPACE VIEW_DIR");
+        return ExitCode::from(2);
+    };
+    match view(Path::new(user_namespace), Path::new(view_dir)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nix-sandbox-mcp view: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn view(user_namespace: &Path, view_dir: &Path) -> std::io::Result<()> {
+    let io = |what: &str, e: rustix::io::Errno| std::io::Error::other(format!("{what}: {e}"));
+    let ns = rustix::fs::open(
+        user_namespace,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| io("opening the nest's user namespace", e))?;
+    rustix::thread::move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::User))
+        .map_err(|e| io("joining the nest's user namespace", e))?;
+    // SAFETY: only CLONE_NEWNS, in this single-threaded helper (nothing
+    // started a thread before main).
+    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }
+        .map_err(|e| io("making the view's mount namespace", e))?;
+    rustix::mount::mount(
+        "none",
+        view_dir,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(c"mode=0755"),
+    )
+    .map_err(|e| io("mounting the view's tmpfs", e))?;
+    private(view_dir).map_err(|e| io("making the view private", e))?;
+    let mut input = std::io::stdin().lock();
+    loop {
+        let mut line = String::new();
+        input.read_line(&mut line)?;
+        let line = line.trim_end_matches('\n');
+        if line.is_empty() {
+            break;
+        }
+        let source = Path::new(line);
+        let name = source
+            .file_name()
+            .ok_or_else(|| std::io::Error::other(format!("{line}: not a store path")))?;
+        let target = view_dir.join(name);
+        // A store path is a directory or a file; the bind needs its like.
+        if source.is_dir() {
+            std::fs::create_dir(&target)?;
+        } else {
+            std::fs::File::create(&target)?;
+        }
+        rustix::mount::mount_bind_recursive(source, &target)
+            .map_err(|e| io(&format!("binding {line}"), e))?;
+        private(&target).map_err(|e| io(&format!("making {line} private"), e))?;
+        read_only(&target).map_err(|e| io(&format!("making {line} read-only"), e))?;
+    }
+    read_only(view_dir).map_err(|e| io("making the view read-only", e))?;
+    let mut out = std::io::stdout();
+    out.write_all(READY)?;
+    out.flush()?;
+    // The daemon opens this namespace, then closes our standard input.
+    let mut rest = Vec::new();
+    let _ = input.read_to_end(&mut rest);
+    Ok(())
+}
+
+/// Makes the mount at `at` private: no mount event reaches it or leaves it,
+/// so that the many copies of a view (one per sandbox) cost the kernel no
+/// propagation bookkeeping.
+fn private(at: &Path) -> Result<(), rustix::io::Errno> {
+    rustix::mount::mount_change(at, rustix::mount::MountPropagationFlags::PRIVATE)
+}
+
+/// Remounts the mount at `at` read-only, keeping the flags it has: a user
+/// namespace may add flags to a mount from outside it, never drop them.
+fn read_only(at: &Path) -> Result<(), rustix::io::Errno> {
+    use rustix::fs::StatVfsMountFlags as Has;
+    let has = rustix::fs::statvfs(at)?.f_flag;
+    let mut flags = MountFlags::BIND | MountFlags::RDONLY;
+    for (had, keep) in [
+        (Has::NOSUID, MountFlags::NOSUID),
+        (Has::NODEV, MountFlags::NODEV),
+        (Has::NOEXEC, MountFlags::NOEXEC),
+        (Has::NOATIME, MountFlags::NOATIME),
+        (Has::NODIRATIME, MountFlags::NODIRATIME),
+        (Has::RELATIME, MountFlags::RELATIME),
+    ] {
+        if has.contains(had) {
+            flags |= keep;
+        }
+    }
+    rustix::mount::mount_remount(at, flags, "")
+}
