@@ -134,8 +134,8 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
 }
 
 /// Probes the platform and limits and builds the executor.
-/// With `prestart`, as many sandboxes as may run at once are kept started
-/// ahead of time (see `exec`).
+/// With `prestart`, sandboxes are kept started ahead of time, as many as
+/// demand wants and may run at once (see `exec::prestart`).
 pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartError> {
     let platform = Platform::probe().map_err(|error| StartError::Platform {
         fix: error.fix(),

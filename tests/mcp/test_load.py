@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import time
 
 import anyio
 import pytest
 
-from harness import call, dump, run_async, session, write_config
+from harness import RawServer, call, dump, run_async, session, write_config
 
 LOAD = write_config("[defaults]\npids = 64\n[server]\nmax_concurrent_runs = 8\nmax_queued_runs = 64\n")
 
@@ -124,3 +125,51 @@ def test_an_environment_larger_than_the_budget_is_dropped_with_the_fix():
     listing = json.loads(out.stdout)
     assert [e["name"] for e in listing["environments"]] == ["small"], dump(listing)
     assert any("big" in w and "512 MiB" in w and "256 MiB" in w for w in listing["warnings"]), dump(listing["warnings"])
+
+
+def waiting_sandboxes(server_pid: int) -> int:
+    """The server's prepared sandboxes: its bubblewrap children (each waits
+    on its block descriptor until a call takes it)."""
+    count = 0
+    for p in pathlib.Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes()
+            parent = (p / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            continue
+        if b"bwrap\0--args\0" in cmd and parent == str(server_pid):
+            count += 1
+    return count
+
+
+def settles_at(server_pid: int, want, within: float = 15) -> int:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        n = waiting_sandboxes(server_pid)
+        if want(n):
+            return n
+        time.sleep(0.1)
+    return waiting_sandboxes(server_pid)
+
+
+def test_the_pool_follows_demand():
+    """A quiet environment keeps two sandboxes ready, not one per run slot;
+    after a burst of six calls, six are kept for it."""
+    config = write_config("[server]\nmax_concurrent_runs = 8\n[environments.bash]\npreset = \"bash\"\n")
+    server = RawServer(config=config)
+    try:
+        server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert server.recv()["id"] == 1
+        quiet = settles_at(server.proc.pid, lambda n: n == 2)
+        assert quiet == 2, f"{quiet} sandboxes wait for a quiet environment"
+        for i in range(6):
+            server.send({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
+                         "params": {"name": "run", "arguments": {"env": "bash", "code": "sleep 0.3"}}})
+        replies = [server.recv(30) for _ in range(6)]
+        assert all(r["result"]["structuredContent"]["ok"] for r in replies), replies
+        busy = settles_at(server.proc.pid, lambda n: n >= 6)
+        assert busy >= 6, f"{busy} sandboxes wait after a burst of six calls"
+    finally:
+        server.close()

@@ -64,11 +64,14 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         checks_pending,
     );
     let reaper = tokio::spawn(sessions.clone().reap_forever());
-    let orphans = tokio::spawn(async {
+    let tended = executor.clone();
+    // Every second: reap what sandboxes orphaned, and tend the pool.
+    let housekeeping = tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             every.tick().await;
             crate::exec::spawn::reap_orphans();
+            tended.tend_pool().await;
         }
     });
     let framed = crate::server::framing::stdio();
@@ -87,7 +90,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     shutdown.cancel();
     server.stop_builds();
     reaper.abort();
-    orphans.abort();
+    housekeeping.abort();
     sessions.close_all().await;
     executor.shutdown().await;
     // The last replies rmcp wrote are on their way to stdout.

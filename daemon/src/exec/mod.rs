@@ -380,6 +380,15 @@ impl Executor {
             Some(crate::caches::Caches::new(view, self.inner.platform.run_as));
     }
 
+    /// Keeps as many sandboxes ready as demand wants (see `prestart`):
+    /// stops the others, prepares those missing; for a long-running server,
+    /// every second or so.
+    pub async fn tend_pool(&self) {
+        for surplus in self.inner.pool.tend() {
+            surplus.discard().await;
+        }
+    }
+
     /// Stops keeping sandboxes ready for the recipes registered so far (the
     /// project changed, so none of them applies) and stops those waiting.
     pub async fn forget_ready(&self) {
@@ -482,7 +491,9 @@ impl Executor {
             }
         };
         if argv.is_none() {
-            self.inner.pool.refill(&recipe);
+            for surplus in self.inner.pool.refill(&recipe) {
+                tokio::spawn(surplus.discard());
+            }
         }
         let prepared = with_code(prepared, req.code).await?;
         let network = recipe.network.as_ref().map(|p| (&self.inner.proxy, p));

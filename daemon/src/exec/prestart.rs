@@ -3,10 +3,18 @@
 //! happen there, off any call's critical path); a call takes one and the
 //! pool is topped up behind it. Only recipes registered with [`Pool::keep`]
 //! are kept ready; anything else is prepared on demand.
+//!
+//! How many wait follows demand: as many as calls of the recipe came in
+//! the busiest second of the last minute, at least [`FLOOR`] and at most
+//! the pool's bound (the number of runs at once). A quiet environment keeps
+//! two, a busy one as many as can run; sandboxes beyond what is wanted are
+//! handed back to be stopped (their memory back in the budget). A burst
+//! larger than what waits is set up call by call, as without a pool.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::recipe::{Recipe, RecipeKey};
 use super::sandbox::Prepared;
@@ -14,10 +22,21 @@ use super::sandbox::Prepared;
 /// Prepares a sandbox for a recipe; `None` once the executor is gone.
 pub(super) type Prepare = Box<dyn Fn(&Recipe) -> Option<std::io::Result<Prepared>> + Send>;
 
+/// Sandboxes kept ready per kept recipe however quiet it is (when the
+/// bound allows): a call, and the next one before the first's replacement
+/// is ready.
+pub(super) const FLOOR: usize = 2;
+/// How far back demand is remembered.
+const MEMORY: Duration = Duration::from_secs(60);
+/// The window in which calls count as one burst.
+const BURST: Duration = Duration::from_secs(1);
+/// Calls remembered per recipe (enough to see any burst the bound allows).
+const REMEMBERED: usize = 512;
+
 #[derive(Debug)]
 pub(super) struct Pool {
     ready: Mutex<HashMap<RecipeKey, Ready>>,
-    /// Sandboxes to keep ready per kept recipe.
+    /// The most sandboxes kept ready per kept recipe.
     target: usize,
     /// Hands work to the preparing thread.
     spawner: Mutex<Option<std::sync::mpsc::Sender<Arc<Recipe>>>>,
@@ -31,8 +50,45 @@ struct Ready {
     sandboxes: Vec<Prepared>,
     /// Being prepared right now.
     starting: usize,
-    /// Registered with [`Pool::keep`]: topped up after each use.
-    kept: bool,
+    /// Registered with [`Pool::keep`]: topped up after each use, and when
+    /// the pool is tended.
+    kept: Option<Arc<Recipe>>,
+    /// When calls asked for one, over the last [`MEMORY`].
+    calls: VecDeque<Instant>,
+}
+
+impl Ready {
+    fn called(&mut self, now: Instant) {
+        if self.calls.len() == REMEMBERED {
+            self.calls.pop_front();
+        }
+        self.calls.push_back(now);
+    }
+
+    /// How many to keep ready at `now`, within `bound` (see the header).
+    fn wanted(&mut self, now: Instant, bound: usize) -> usize {
+        while self
+            .calls
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > MEMORY)
+        {
+            self.calls.pop_front();
+        }
+        busiest(&self.calls).clamp(FLOOR.min(bound), bound)
+    }
+}
+
+/// The most of `calls` (in order) within any one [`BURST`].
+fn busiest(calls: &VecDeque<Instant>) -> usize {
+    let mut most = 0;
+    let mut first = 0;
+    for (i, t) in calls.iter().enumerate() {
+        while t.duration_since(calls[first]) > BURST {
+            first += 1;
+        }
+        most = most.max(i + 1 - first);
+    }
+    most
 }
 
 impl Pool {
@@ -105,12 +161,17 @@ impl Pool {
             .unwrap()
             .entry(recipe.key.clone())
             .or_default()
-            .kept = true;
-        self.refill(recipe);
+            .kept = Some(recipe.clone());
+        // What another recipe no longer wants is stopped as it is dropped.
+        drop(self.refill(recipe));
     }
 
-    /// A prepared sandbox for `key`, if one is ready and still alive.
+    /// A prepared sandbox for `key`, if one is ready and still alive. The
+    /// call counts as demand either way.
     pub(super) fn take(&self, key: &RecipeKey) -> Option<Prepared> {
+        if let Some(r) = self.ready.lock().unwrap().get_mut(key) {
+            r.called(Instant::now());
+        }
         loop {
             let mut p = self
                 .ready
@@ -124,21 +185,60 @@ impl Pool {
         }
     }
 
-    /// Tops up, in the background, the sandboxes for `recipe` if it is kept.
-    pub(super) fn refill(&self, recipe: &Arc<Recipe>) {
+    /// Tops up, in the background, the sandboxes for `recipe` if it is kept,
+    /// to what its demand wants; hands back those that wait beyond what
+    /// their recipe's demand wants now (for the caller to stop).
+    pub(super) fn refill(&self, recipe: &Arc<Recipe>) -> Vec<Prepared> {
+        let now = Instant::now();
+        let mut ready = self.ready.lock().unwrap();
+        let surplus = self.surplus(&mut ready, now);
+        if let Some(r) = ready.get_mut(&recipe.key) {
+            self.top_up(r, now);
+        }
+        surplus
+    }
+
+    /// Tops up every kept recipe to what its demand wants (sandboxes the
+    /// memory budget refused earlier are tried again), and hands back those
+    /// that wait beyond it (for the caller to stop).
+    pub(super) fn tend(&self) -> Vec<Prepared> {
+        let now = Instant::now();
+        let mut ready = self.ready.lock().unwrap();
+        let surplus = self.surplus(&mut ready, now);
+        for r in ready.values_mut() {
+            self.top_up(r, now);
+        }
+        surplus
+    }
+
+    /// Asks the spawner for what `r` lacks, when it is kept.
+    fn top_up(&self, r: &mut Ready, now: Instant) {
         let Some(spawner) = self.spawner.lock().unwrap().clone() else {
             return;
         };
-        let mut ready = self.ready.lock().unwrap();
-        let Some(r) = ready.get_mut(&recipe.key).filter(|r| r.kept) else {
+        let Some(recipe) = r.kept.clone() else {
             return;
         };
-        while r.sandboxes.len() + r.starting < self.target {
+        let wanted = r.wanted(now, self.target);
+        while r.sandboxes.len() + r.starting < wanted {
             if spawner.send(recipe.clone()).is_err() {
                 break;
             }
             r.starting += 1;
         }
+    }
+
+    /// The sandboxes that wait beyond what their recipe's demand wants now,
+    /// taken out of the pool.
+    fn surplus(&self, ready: &mut HashMap<RecipeKey, Ready>, now: Instant) -> Vec<Prepared> {
+        let mut surplus = Vec::new();
+        for r in ready.values_mut() {
+            let wanted = r.wanted(now, self.target);
+            while r.sandboxes.len() > wanted {
+                surplus.extend(r.sandboxes.pop());
+            }
+        }
+        surplus
     }
 
     /// Takes a waiting sandbox out of the pool (to free its share of the
@@ -171,5 +271,45 @@ impl Pool {
             let _ = t.join();
         }
         self.forget_all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, ms: &[u64]) -> VecDeque<Instant> {
+        ms.iter()
+            .map(|m| start + Duration::from_millis(*m))
+            .collect()
+    }
+
+    #[test]
+    fn the_busiest_second_counts() {
+        let t = Instant::now();
+        assert_eq!(busiest(&at(t, &[])), 0);
+        assert_eq!(busiest(&at(t, &[0, 5000, 10000])), 1);
+        // Four calls at once, then one now and then.
+        assert_eq!(busiest(&at(t, &[0, 1, 2, 3, 4000, 9000])), 4);
+        assert_eq!(busiest(&at(t, &[0, 600, 1200, 1800, 2400])), 2);
+    }
+
+    #[test]
+    fn what_waits_follows_demand_within_the_bound() {
+        let t = Instant::now();
+        let mut r = Ready::default();
+        // Quiet: the floor (or the bound, when smaller).
+        assert_eq!(r.wanted(t, 8), FLOOR);
+        assert_eq!(r.wanted(t, 1), 1);
+        // A burst of six: six wait, as many as the bound allows.
+        for i in 0..6 {
+            r.called(t + Duration::from_millis(i * 10));
+        }
+        let later = t + Duration::from_secs(2);
+        assert_eq!(r.wanted(later, 8), 6);
+        assert_eq!(r.wanted(later, 4), 4);
+        // A minute later the burst is forgotten.
+        assert_eq!(r.wanted(t + MEMORY + Duration::from_secs(2), 8), FLOOR);
+        assert!(r.calls.is_empty());
     }
 }
