@@ -5,11 +5,13 @@ of the bench's own: NIX_STORE_DIR), served with store views (the default)
 and bound path by path (NIX_SANDBOX_STORE_VIEW=off), against bare bubblewrap
 binding the same closure path by path. Rows, per closure size:
 
+  host                the program started directly, no sandbox
   bare bwrap          bubblewrap starting the program, one bind per path
   MCP warm            one call at a time, the pool refilled between calls
                       (what a call costs when a sandbox is ready)
   MCP back-to-back    calls with no pause (the pool cannot keep up: each
-                      call waits for a sandbox to be set up), calls/s
+                      call waits for a sandbox to be set up), calls/s, and
+                      what one such call costs (a cold pool), ms
 
 usage: bench/closure_calls.py [--bin target/release/nix-sandbox-mcp] [--runs 40] [--seconds 4] [--sizes 10,200]
 """
@@ -85,7 +87,13 @@ def main() -> None:
         store, artifacts, closures = make_store(top, sizes)
         program = closures[sizes[0]][0] + "/bin/true"
         base_env = {"NIX_STORE_DIR": str(store), "NIX_SANDBOX_DIR": str(artifacts), "NIX_SANDBOX_BUILTIN": ""}
-        print(f"{'closure':>8} {'bare bwrap ms':>14} {'ways':>16} {'warm ms':>8} {'÷ bare':>7} {'back-to-back /s':>16}")
+        host = []
+        for _ in range(a.runs):
+            t = time.perf_counter()
+            subprocess.run([program], check=True)
+            host.append((time.perf_counter() - t) * 1000)
+        print(f"host process: {statistics.median(host):.2f} ms")
+        print(f"{'closure':>8} {'bare bwrap ms':>14} {'ways':>16} {'warm ms':>8} {'÷ bare':>7} {'back-to-back /s':>16} {'cold ms':>8}")
         for n in sizes:
             bare_ms = []
             for _ in range(a.runs):
@@ -112,7 +120,7 @@ def main() -> None:
                     server.close()
                 med = statistics.median(warm)
                 first = f"{n:8d} {bare_med:14.2f}" if way == "store view" else " " * 23
-                print(f"{first} {way:>16} {med:8.2f} {med / bare_med:7.2f} {rate:16.1f}")
+                print(f"{first} {way:>16} {med:8.2f} {med / bare_med:7.2f} {rate:16.1f} {1000 / rate:8.2f}")
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
