@@ -286,7 +286,7 @@ def test_doctor_tries_the_filter_and_the_limits_in_a_sandbox():
     this user gets (a cgroup as root here, rlimits as a user)."""
     doctor = subprocess.run([BIN, "doctor", "--json"], capture_output=True, text=True, cwd=tempfile.gettempdir())
     checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
-    for name in ("seccomp calls", "processes", "memory"):
+    for name in ("seccomp calls", "processes", "memory", "store views"):
         assert checks.get(name, {}).get("status") == "ok", (name, doctor.stdout)
     assert "refused with EPERM" in checks["seccomp calls"]["detail"], checks["seccomp calls"]
     mechanism = limits_mechanism()

@@ -391,7 +391,10 @@ impl Executor {
 
     /// Stops keeping sandboxes ready for the recipes registered so far (the
     /// project changed, so none of them applies) and stops those waiting.
+    /// The store views go too (sandboxes that hold one keep it): the
+    /// environments may be rebuilt for the new project.
     pub async fn forget_ready(&self) {
+        self.inner.views.lock().unwrap().clear();
         for prepared in self.inner.pool.forget_all() {
             prepared.discard().await;
         }
@@ -417,6 +420,25 @@ impl Executor {
     /// Whether sandboxes start in the nest, or why they do not.
     pub fn nest(&self) -> Result<(), &str> {
         self.inner.nest.as_ref().map(|_| ()).map_err(|e| e.as_str())
+    }
+
+    /// Whether closures are bound through store views, or why not: makes a
+    /// view of one directory (the server's own /etc) and drops it.
+    pub fn probe_store_view(&self) -> Result<(), String> {
+        let nest = self
+            .inner
+            .nest
+            .as_ref()
+            .map_err(|e| format!("no nest ({e})"))?;
+        if std::env::var_os(NO_VIEW_VAR).is_some_and(|v| v == "off") {
+            return Err(format!("{NO_VIEW_VAR}=off"));
+        }
+        let platform = &self.inner.platform;
+        nest.make_view(
+            &platform.view_dir,
+            std::slice::from_ref(&platform.layout.etc_dir),
+        )
+        .map(drop)
     }
 
     /// Whether the nest can show `project` through overlayfs (it stages a
