@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
+import tempfile
 import time
 
 import anyio
@@ -156,14 +158,23 @@ def settles_at(server_pid: int, want, within: float = 15) -> int:
 
 def test_the_pool_follows_demand():
     """A quiet environment keeps two sandboxes ready, not one per run slot;
-    after a burst of six calls, six are kept for it."""
-    config = write_config("[server]\nmax_concurrent_runs = 8\n[environments.bash]\npreset = \"bash\"\n")
+    after a burst of six calls, six are kept for it. An environment that
+    fails its start check keeps none."""
+    prefix = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-", dir="/var/tmp")) / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    shutil.copy("/bin/false", prefix / "bin" / "python3")
+    for p in (prefix.parent, prefix, prefix / "bin"):
+        p.chmod(0o755)
+    config = write_config(
+        "[server]\nmax_concurrent_runs = 8\n[environments.bash]\npreset = \"bash\"\n"
+        f'[environments.broken]\ninterpreter = ["{prefix}/bin/python3", "{{file}}"]\n'
+    )
     server = RawServer(config=config)
     try:
         server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert server.recv()["id"] == 1
         quiet = settles_at(server.proc.pid, lambda n: n == 2)
-        assert quiet == 2, f"{quiet} sandboxes wait for a quiet environment"
+        assert quiet == 2, f"{quiet} sandboxes wait for a quiet environment (and none for a broken one)"
         for i in range(6):
             server.send({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
                          "params": {"name": "run", "arguments": {"env": "bash", "code": "sleep 0.3"}}})

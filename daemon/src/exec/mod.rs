@@ -315,6 +315,27 @@ impl Executor {
         Ok(())
     }
 
+    /// Stops keeping sandboxes ready for calls in `env` (see
+    /// [`Executor::keep_ready_for`]); those waiting are stopped as they go.
+    pub fn stop_keeping_ready_for(
+        &self,
+        env: &Environment,
+        project: Option<&ProjectMount>,
+        inherited: &[(String, String)],
+    ) {
+        if let Ok(recipe) = self.recipe(Ingredients {
+            env,
+            project,
+            inherited,
+            code_path: crate::jail::code_path(env),
+            extra_args: Vec::new(),
+            command: None,
+            workdir: None,
+        }) {
+            drop(self.inner.pool.forget(&recipe.key));
+        }
+    }
+
     fn recipe(&self, ingredients: Ingredients) -> Result<Recipe, ExecError> {
         let stage_root = self
             .inner

@@ -252,6 +252,16 @@ impl Pool {
             .and_then(|r| r.sandboxes.pop())
     }
 
+    /// Stops keeping `key` ready and hands back the sandboxes that wait for it.
+    pub(super) fn forget(&self, key: &RecipeKey) -> Vec<Prepared> {
+        self.ready
+            .lock()
+            .unwrap()
+            .remove(key)
+            .map(|r| r.sandboxes)
+            .unwrap_or_default()
+    }
+
     /// Stops keeping every recipe ready and hands back the sandboxes that
     /// wait; those being prepared are dropped (killed) when they are done.
     pub(super) fn forget_all(&self) -> Vec<Prepared> {

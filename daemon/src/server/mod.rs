@@ -327,6 +327,16 @@ impl SandboxServer {
                 tracing::warn!("sandboxes for {} start on demand: {e}", env.name);
             }
         }
+        // An environment no longer offered (its start check failed) keeps none.
+        for gone in earlier
+            .into_iter()
+            .flat_map(|r| r.iter())
+            .filter(|e| registry.get(&e.name).is_none())
+        {
+            shared
+                .executor
+                .stop_keeping_ready_for(gone, project, &shared.inherited);
+        }
     }
 
     /// The tools offered now: `run`, `job`, and the declared commands'

@@ -33,11 +33,21 @@ pub struct View {
     pub(in crate::exec) namespace: OwnedFd,
 }
 
-/// Makes the view of `paths` (absolute, no newline in them) at `view_dir`,
+/// Makes the view of `paths` (absolute, with no newline) at `view_dir`,
 /// in a new mount namespace owned by the user namespace at `user_namespace`
 /// (a `/proc/PID/ns/user` path). Blocking: a helper process, and a mount
 /// per path.
 pub fn make(user_namespace: &Path, view_dir: &Path, paths: &[PathBuf]) -> Result<View, String> {
+    // One path a line: a path that is not absolute, or holds a newline,
+    // could make the helper bind something else.
+    if let Some(p) = paths
+        .iter()
+        .find(|p| !p.is_absolute() || p.as_os_str().as_bytes().contains(&b'\n'))
+    {
+        return Err(format!(
+            "cannot make the store view: {p:?} cannot be named to the helper"
+        ));
+    }
     let mut helper = Command::new("/proc/self/exe")
         .arg(VIEWER)
         .arg(user_namespace)
@@ -187,4 +197,22 @@ fn read_only(at: &Path) -> Result<(), rustix::io::Errno> {
         }
     }
     rustix::mount::mount_remount(at, flags, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_the_helper_could_misread_is_refused_before_it_starts() {
+        for bad in ["/nix/store/a\n/etc", "nix/store/a"] {
+            let e = make(
+                Path::new("/nonexistent"),
+                Path::new("/nonexistent"),
+                &[PathBuf::from(bad)],
+            )
+            .unwrap_err();
+            assert!(e.contains("cannot be named to the helper"), "{e}");
+        }
+    }
 }
