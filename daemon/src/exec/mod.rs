@@ -302,15 +302,7 @@ impl Executor {
         project: Option<&ProjectMount>,
         inherited: &[(String, String)],
     ) -> Result<(), ExecError> {
-        let recipe = Arc::new(self.recipe(Ingredients {
-            env,
-            project,
-            inherited,
-            code_path: crate::jail::code_path(env),
-            extra_args: Vec::new(),
-            command: None,
-            workdir: None,
-        })?);
+        let recipe = Arc::new(self.recipe(Ingredients::run(env, project, inherited))?);
         self.inner.pool.keep(&recipe);
         Ok(())
     }
@@ -323,15 +315,7 @@ impl Executor {
         project: Option<&ProjectMount>,
         inherited: &[(String, String)],
     ) {
-        if let Ok(recipe) = self.recipe(Ingredients {
-            env,
-            project,
-            inherited,
-            code_path: crate::jail::code_path(env),
-            extra_args: Vec::new(),
-            command: None,
-            workdir: None,
-        }) {
+        if let Ok(recipe) = self.recipe(Ingredients::run(env, project, inherited)) {
             drop(self.inner.pool.forget(&recipe.key));
         }
     }
@@ -511,13 +495,9 @@ impl Executor {
             });
         }
         let recipe = Arc::new(self.recipe(Ingredients {
-            env: req.env,
-            project: req.project,
-            inherited: req.inherited,
-            code_path: crate::jail::code_path(req.env),
-            extra_args: Vec::new(),
             command: argv.as_ref().map(|a| a.argv.to_vec()),
             workdir: argv.as_ref().map(|a| a.workdir.to_string()),
+            ..Ingredients::run(req.env, req.project, req.inherited)
         })?);
         let _slot = self.inner.admission.slot(&req.cancel, queue).await?;
         let start = Instant::now();
@@ -534,9 +514,7 @@ impl Executor {
             }
         };
         if argv.is_none() {
-            for surplus in self.inner.pool.refill(&recipe) {
-                tokio::spawn(surplus.discard());
-            }
+            self.inner.pool.refill(&recipe);
         }
         let prepared = with_code(prepared, req.code).await?;
         let network = recipe.network.as_ref().map(|p| (&self.inner.proxy, p));

@@ -162,40 +162,26 @@ impl Pool {
             .entry(recipe.key.clone())
             .or_default()
             .kept = Some(recipe.clone());
-        // What another recipe no longer wants is stopped as it is dropped.
-        drop(self.refill(recipe));
+        self.refill(recipe);
     }
 
     /// A prepared sandbox for `key`, if one is ready and still alive. The
     /// call counts as demand either way.
     pub(super) fn take(&self, key: &RecipeKey) -> Option<Prepared> {
-        if let Some(r) = self.ready.lock().unwrap().get_mut(key) {
-            r.called(Instant::now());
-        }
-        loop {
-            let mut p = self
-                .ready
-                .lock()
-                .unwrap()
-                .get_mut(key)
-                .and_then(|r| r.sandboxes.pop())?;
-            if p.is_alive() {
-                return Some(p);
-            }
-        }
+        let mut ready = self.ready.lock().unwrap();
+        let r = ready.get_mut(key)?;
+        r.called(Instant::now());
+        // One that died while it waited is dropped (its remains stopped).
+        std::iter::from_fn(|| r.sandboxes.pop()).find_map(|mut p| p.is_alive().then_some(p))
     }
 
     /// Tops up, in the background, the sandboxes for `recipe` if it is kept,
-    /// to what its demand wants; hands back those that wait beyond what
-    /// their recipe's demand wants now (for the caller to stop).
-    pub(super) fn refill(&self, recipe: &Arc<Recipe>) -> Vec<Prepared> {
-        let now = Instant::now();
-        let mut ready = self.ready.lock().unwrap();
-        let surplus = self.surplus(&mut ready, now);
-        if let Some(r) = ready.get_mut(&recipe.key) {
-            self.top_up(r, now);
+    /// to what its demand wants (what it no longer wants is stopped when
+    /// the pool is tended).
+    pub(super) fn refill(&self, recipe: &Arc<Recipe>) {
+        if let Some(r) = self.ready.lock().unwrap().get_mut(&recipe.key) {
+            self.top_up(r, Instant::now());
         }
-        surplus
     }
 
     /// Tops up every kept recipe to what its demand wants (sandboxes the
@@ -203,9 +189,12 @@ impl Pool {
     /// that wait beyond it (for the caller to stop).
     pub(super) fn tend(&self) -> Vec<Prepared> {
         let now = Instant::now();
-        let mut ready = self.ready.lock().unwrap();
-        let surplus = self.surplus(&mut ready, now);
-        for r in ready.values_mut() {
+        let mut surplus = Vec::new();
+        for r in self.ready.lock().unwrap().values_mut() {
+            let wanted = r.wanted(now, self.target);
+            while r.sandboxes.len() > wanted {
+                surplus.extend(r.sandboxes.pop());
+            }
             self.top_up(r, now);
         }
         surplus
@@ -226,19 +215,6 @@ impl Pool {
             }
             r.starting += 1;
         }
-    }
-
-    /// The sandboxes that wait beyond what their recipe's demand wants now,
-    /// taken out of the pool.
-    fn surplus(&self, ready: &mut HashMap<RecipeKey, Ready>, now: Instant) -> Vec<Prepared> {
-        let mut surplus = Vec::new();
-        for r in ready.values_mut() {
-            let wanted = r.wanted(now, self.target);
-            while r.sandboxes.len() > wanted {
-                surplus.extend(r.sandboxes.pop());
-            }
-        }
-        surplus
     }
 
     /// Takes a waiting sandbox out of the pool (to free its share of the

@@ -93,6 +93,27 @@ pub(super) struct Ingredients<'a> {
     pub(super) workdir: Option<String>,
 }
 
+impl<'a> Ingredients<'a> {
+    /// A run of code in `env`: the code file at the environment's code
+    /// path, run by its interpreter. Calls and the sandboxes kept ready for
+    /// them are made from this, so that their keys match.
+    pub(super) fn run(
+        env: &'a Environment,
+        project: Option<&'a ProjectMount>,
+        inherited: &'a [(String, String)],
+    ) -> Ingredients<'a> {
+        Ingredients {
+            env,
+            project,
+            inherited,
+            code_path: jail::code_path(env),
+            extra_args: Vec::new(),
+            command: None,
+            workdir: None,
+        }
+    }
+}
+
 impl Recipe {
     /// `stage_root` is where the nest stages sandboxes, when it does;
     /// `view`, the closure's store view and where it is mounted.

@@ -295,6 +295,35 @@ impl SandboxServer {
     /// its environments that `earlier` did not have (one that changed under
     /// the same name, which a build cannot do, keeps its first recipe's).
     fn offer(&self, registry: &Registry, earlier: Option<&Registry>) {
+        self.make_tools(registry);
+        let shared = &self.shared;
+        let state = shared.project_state();
+        let project = state.mount.as_ref();
+        for env in registry.iter() {
+            if earlier.is_some_and(|r| r.get(&env.name).is_some()) {
+                continue;
+            }
+            if let Err(e) = shared
+                .executor
+                .keep_ready_for(env, project, &shared.inherited)
+            {
+                tracing::warn!("sandboxes for {} start on demand: {e}", env.name);
+            }
+        }
+        // An environment no longer offered (its start check failed) keeps none.
+        for gone in earlier
+            .into_iter()
+            .flat_map(|r| r.iter())
+            .filter(|e| registry.get(&e.name).is_none())
+        {
+            shared
+                .executor
+                .stop_keeping_ready_for(gone, project, &shared.inherited);
+        }
+    }
+
+    /// Makes `run` and `job` for `registry` and the project now.
+    fn make_tools(&self, registry: &Registry) {
         let shared = &self.shared;
         let state = shared.project_state();
         let project = state.mount.as_ref();
@@ -316,27 +345,6 @@ impl SandboxServer {
             ),
             tool::job_tool(shared.jobs.limits()),
         ];
-        for env in &envs {
-            if earlier.is_some_and(|r| r.get(&env.name).is_some()) {
-                continue;
-            }
-            if let Err(e) = shared
-                .executor
-                .keep_ready_for(env, project, &shared.inherited)
-            {
-                tracing::warn!("sandboxes for {} start on demand: {e}", env.name);
-            }
-        }
-        // An environment no longer offered (its start check failed) keeps none.
-        for gone in earlier
-            .into_iter()
-            .flat_map(|r| r.iter())
-            .filter(|e| registry.get(&e.name).is_none())
-        {
-            shared
-                .executor
-                .stop_keeping_ready_for(gone, project, &shared.inherited);
-        }
     }
 
     /// The tools offered now: `run`, `job`, and the declared commands'

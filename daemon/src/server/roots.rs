@@ -166,7 +166,8 @@ impl SandboxServer {
                     watching: current.watching.clone(),
                 };
                 *self.shared.project.write().unwrap() = Arc::new(state);
-                self.offer(&self.shared.registry(), None);
+                // Only the run tool's description changes.
+                self.make_tools(&self.shared.registry());
                 self.tell_tools_changed();
             }
             return;

@@ -273,7 +273,7 @@ fn map_if_root(holder: &mut Child) -> Result<(), String> {
     if !rustix::process::geteuid().is_root() {
         return Ok(());
     }
-    expect_line(holder, holder::MAP_ME)?;
+    expect_line(holder, holder::MAP_ME, "the nest")?;
     for map in ["uid_map", "gid_map"] {
         std::fs::write(format!("/proc/{}/{map}", holder.id()), "0 0 4294967295")
             .map_err(|e| format!("cannot write the nest's {map}: {e}"))?;
@@ -284,12 +284,13 @@ fn map_if_root(holder: &mut Child) -> Result<(), String> {
 
 /// Waits for the holder's ready line.
 fn wait_ready(holder: &mut Child) -> Result<(), String> {
-    expect_line(holder, holder::READY)
+    expect_line(holder, holder::READY, "the nest")
 }
 
-/// Reads `line` from the holder, waiting no longer than [`START_LIMIT`].
-fn expect_line(holder: &mut Child, line: &[u8]) -> Result<(), String> {
-    let out = holder.stdout.as_ref().expect("piped");
+/// Reads `line` from a helper of the nest (`what`: the holder, a store
+/// view's helper), waiting no longer than [`START_LIMIT`].
+fn expect_line(helper: &mut Child, line: &[u8], what: &str) -> Result<(), String> {
+    let out = helper.stdout.as_ref().expect("piped");
     let limit = Timespec {
         tv_sec: START_LIMIT.as_secs() as i64,
         tv_nsec: 0,
@@ -298,7 +299,7 @@ fn expect_line(holder: &mut Child, line: &[u8]) -> Result<(), String> {
     while got.len() < line.len() {
         let mut fds = [PollFd::new(out, PollFlags::IN)];
         match poll(&mut fds, Some(&limit)) {
-            Ok(0) => return Err("the nest did not start in time".to_string()),
+            Ok(0) => return Err(format!("{what} did not start in time")),
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.to_string()),
@@ -314,7 +315,7 @@ fn expect_line(holder: &mut Child, line: &[u8]) -> Result<(), String> {
     if got == line {
         Ok(())
     } else {
-        Err("the nest could not be created".to_string())
+        Err(format!("{what} could not be created"))
     }
 }
 

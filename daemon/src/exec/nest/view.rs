@@ -58,7 +58,7 @@ pub fn make(user_namespace: &Path, view_dir: &Path, paths: &[PathBuf]) -> Result
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start the store view's helper: {e}"))?;
-    let result = (|| {
+    let result = (|| -> Result<View, String> {
         let mut stdin = helper.stdin.take().expect("piped");
         let mut list = Vec::new();
         for p in paths {
@@ -67,12 +67,8 @@ pub fn make(user_namespace: &Path, view_dir: &Path, paths: &[PathBuf]) -> Result
         }
         list.push(b'\n');
         stdin.write_all(&list).map_err(|e| e.to_string())?;
-        let mut ready = [0u8; READY.len()];
-        let out = helper.stdout.as_mut().expect("piped");
-        out.read_exact(&mut ready).map_err(|e| e.to_string())?;
-        if ready != READY {
-            return Err("the helper said something else".to_string());
-        }
+        // A helper stuck (a mount that hangs) must not hold every call.
+        super::expect_line(&mut helper, READY, "the store view's helper")?;
         let path = format!("/proc/{}/ns/mnt", helper.id());
         let namespace = rustix::fs::open(
             path.as_str(),
