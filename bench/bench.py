@@ -2,11 +2,20 @@
 """Times one `run` call against its floor, in one interleaved run, and prints
 medians, p95 and ratios to bare bubblewrap.
 
-Rows, for the same program (`bash` running `:` and `python3` running `pass`):
+Rows, for the same program (`bash` running `:`, `python3` running `pass`,
+`node` running `0`):
   host          the interpreter with no sandbox
   bare bwrap    bubblewrap with every namespace and /usr read-only (the floor)
-  MCP run       a tools/call round trip to a running server (limits on)
-  MCP, rlimits  the same with cgroups off (NIX_SANDBOX_LIMITS=rlimits)
+  MCP run       a tools/call round trip to a running server (limits on; the
+                sandbox waits with its interpreter already started)
+  MCP, cold interpreter
+                the same with interpreters started by the call
+                (NIX_SANDBOX_WARM_START=off)
+  MCP, cold pool
+                the same with no sandbox set up ahead of the call: each call
+                sets its own up (NIX_SANDBOX_POOL=off; what a call costs when
+                a burst has used the pool up)
+  MCP, rlimits  the same as MCP run with cgroups off (NIX_SANDBOX_LIMITS=rlimits)
   CLI run       `nix-sandbox-mcp run` (a whole process start per call, like bin/run)
 
 The MCP client is a minimal JSON-RPC writer/reader on the server's pipes, so
@@ -95,6 +104,13 @@ def workdir() -> tuple[str, dict[str, str]]:
     return work, {"PROJECT_DIR": str(project), "RUST_LOG": "error"}
 
 
+def quiet(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """Runs a program to success, its output dropped (node outside a
+    sandbox warns about missing certificates, the CLI about interpreters
+    it passed over)."""
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -105,7 +121,8 @@ def main() -> None:
     a = parse_args(__doc__, cli_runs=30)
     work, env = workdir()
 
-    programs = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3")}
+    programs = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3"),
+                "node": ("0\n", shutil.which("node") or "/usr/bin/node")}
     scripts = {}
     for name, (code, _) in programs.items():
         p = pathlib.Path(work) / f"{name}.script"
@@ -113,6 +130,8 @@ def main() -> None:
         scripts[name] = str(p)
 
     limits_on = Server(a.bin, env)
+    cold = Server(a.bin, {**env, "NIX_SANDBOX_WARM_START": "off"})
+    no_pool = Server(a.bin, {**env, "NIX_SANDBOX_POOL": "off"})
     limits_off = Server(a.bin, {**env, "NIX_SANDBOX_LIMITS": "rlimits"})
     rows: dict[tuple[str, str], list[float]] = {}
 
@@ -122,33 +141,43 @@ def main() -> None:
     for name, (code, interp) in programs.items():
         for _ in range(10):  # warm caches and the cgroup pool
             limits_on.run(name, code)
+            cold.run(name, code)
+            no_pool.run(name, code)
             limits_off.run(name, code)
-            subprocess.run(bare_bwrap(scripts[name], interp), check=True)
+            quiet(bare_bwrap(scripts[name], interp))
         for i in range(a.runs):
-            add("host", name, timed(lambda: subprocess.run([interp, scripts[name]], check=True)))
-            add("bare bwrap", name, timed(lambda: subprocess.run(bare_bwrap(scripts[name], interp), check=True)))
+            add("host", name, timed(lambda: quiet([interp, scripts[name]])))
+            add("bare bwrap", name, timed(lambda: quiet(bare_bwrap(scripts[name], interp))))
             add("MCP run", name, timed(lambda: limits_on.run(name, code)))
+            add("MCP, cold interpreter", name, timed(lambda: cold.run(name, code)))
+            add("MCP, cold pool", name, timed(lambda: no_pool.run(name, code)))
             add("MCP run, rlimits only", name, timed(lambda: limits_off.run(name, code)))
             if i < a.cli_runs:
                 cli = [a.bin, "run", "--env", name, code]
-                add("CLI run (bin/run)", name, timed(lambda: subprocess.run(cli, check=True, env={**os.environ, **env}, stdout=subprocess.DEVNULL)))
+                add("CLI run (bin/run)", name, timed(lambda: quiet(cli, {**os.environ, **env})))
     limits_on.close()
+    cold.close()
+    no_pool.close()
     limits_off.close()
     shutil.rmtree(work, ignore_errors=True)
 
-    print_table(rows, list(programs), ["host", "bare bwrap", "MCP run", "MCP run, rlimits only", "CLI run (bin/run)"])
+    print_table(rows, list(programs), ["host", "bare bwrap", "MCP run", "MCP, cold interpreter", "MCP, cold pool",
+                                       "MCP run, rlimits only",
+                                       "CLI run (bin/run)"])
 
 
 def print_table(rows: dict[tuple[str, str], list[float]], programs: list[str], labels: list[str]) -> None:
-    """Median, p95 and the median's ratio to bare bubblewrap, per (program, label)."""
-    print(f"{'program':8} {'path':24} {'median ms':>10} {'p95 ms':>8} {'÷ bare bwrap':>13}")
+    """Median, p95 and the median's ratios to bare bubblewrap and to the
+    host, per (program, label)."""
+    print(f"{'program':8} {'path':24} {'median ms':>10} {'p95 ms':>8} {'÷ bare bwrap':>13} {'÷ host':>7}")
     for name in programs:
         floor = statistics.median(rows[(name, "bare bwrap")])
+        host = statistics.median(rows.get((name, "host"), [float("nan")]))
         for label in labels:
             xs = sorted(rows[(name, label)])
             med = statistics.median(xs)
             p95 = xs[min(len(xs) - 1, int(len(xs) * 0.95))]
-            print(f"{name:8} {label:24} {med:10.2f} {p95:8.2f} {med / floor:13.2f}")
+            print(f"{name:8} {label:24} {med:10.2f} {p95:8.2f} {med / floor:13.2f} {med / host:7.2f}")
 
 
 

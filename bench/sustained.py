@@ -36,7 +36,8 @@ import time
 
 from bench import ROOT, Server, bare_bwrap, workdir
 
-PROGRAMS = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3")}
+PROGRAMS = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3"),
+            "node": ("0\n", shutil.which("node") or "/usr/bin/node")}
 
 
 class Pipelined(Server):

@@ -133,10 +133,15 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     })
 }
 
+/// Set to `off`, no sandbox is prepared ahead of a call: each call sets its
+/// own up (for troubleshooting, and to measure what the pool saves).
+pub const NO_POOL_VAR: &str = "NIX_SANDBOX_POOL";
+
 /// Probes the platform and limits and builds the executor.
 /// With `prestart`, sandboxes are kept started ahead of time, as many as
 /// demand wants and may run at once (see `exec::prestart`).
 pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartError> {
+    let prestart = prestart && std::env::var_os(NO_POOL_VAR).is_none_or(|v| v != "off");
     let platform = Platform::probe().map_err(|error| StartError::Platform {
         fix: error.fix(),
         error,

@@ -10,6 +10,8 @@ use crate::environment::{Environment, RootFs};
 
 /// The writable working directory (and `HOME`) inside every sandbox.
 pub const WORKSPACE: &str = "/workspace";
+/// The sandbox's scratch directory (`TMPDIR`).
+pub const TMP: &str = "/tmp";
 /// Identity the code runs as inside the sandbox.
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
@@ -137,6 +139,9 @@ pub struct Call<'a> {
     /// Host directories bound writable into the sandbox, over its home or
     /// its project: the environment's caches.
     pub caches: &'a [CacheMount],
+    /// Variables set after every other (a pre-started interpreter's hook,
+    /// see exec's `warm`).
+    pub hook_vars: &'a [(String, String)],
 }
 
 /// A cache directory: kept on the host, bound at `at` in the sandbox.
@@ -195,7 +200,7 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     let base: [(&str, &str); 5] = [
         ("PATH", &path),
         ("HOME", WORKSPACE),
-        ("TMPDIR", "/tmp"),
+        ("TMPDIR", TMP),
         ("LANG", "C.UTF-8"),
         ("TERM", "dumb"),
     ];
@@ -212,6 +217,9 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         for (k, v) in crate::network::proxy_env(crate::network::PROXY_PORT) {
             a.triple("--setenv", &k, &v);
         }
+    }
+    for (k, v) in call.hook_vars {
+        a.triple("--setenv", k, v);
     }
 
     // Root filesystem, read-only. A store view is bound after every other
@@ -271,7 +279,7 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         Some(root) => {
             for (dir, at) in [
                 (staged::SHM, "/dev/shm"),
-                (staged::TMP, "/tmp"),
+                (staged::TMP, TMP),
                 (staged::WORKSPACE, WORKSPACE),
             ] {
                 a.triple_os("--bind", root.join(dir).as_os_str(), at.as_ref());
@@ -283,7 +291,7 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
             a.pair("--tmpfs", "/dev/shm");
             a.pair("--perms", "1777");
             a.pair("--size", &size);
-            a.pair("--tmpfs", "/tmp");
+            a.pair("--tmpfs", TMP);
             a.pair("--size", &size);
             a.pair("--tmpfs", WORKSPACE);
         }

@@ -184,3 +184,21 @@ def test_the_pool_follows_demand():
         assert busy >= 6, f"{busy} sandboxes wait after a burst of six calls"
     finally:
         server.close()
+
+
+def test_without_the_pool_no_sandbox_waits_and_calls_still_run():
+    """NIX_SANDBOX_POOL=off: nothing is set up ahead of a call; each call
+    sets its own sandbox up."""
+    server = RawServer(env={"NIX_SANDBOX_POOL": "off"})
+    try:
+        server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert server.recv()["id"] == 1
+        for i in range(3):
+            server.send({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
+                         "params": {"name": "run", "arguments": {"env": "python", "code": f"print({i} * 7)"}}})
+            reply = server.recv(30)["result"]["structuredContent"]
+            assert reply["ok"] and reply["stdout"] == f"{i * 7}\n", reply
+        time.sleep(0.5)
+        assert waiting_sandboxes(server.proc.pid) == 0
+    finally:
+        server.close()

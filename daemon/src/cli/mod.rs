@@ -75,6 +75,12 @@ ENVIRONMENT
                        path, not through a store view (one mount per closure,
                        made once, bound in one piece); what each sandbox sees
                        is the same.
+    NIX_SANDBOX_WARM_START
+                       off: a sandbox kept ready for bash, python or node does
+                       not hold its interpreter already started; the call
+                       starts it (what the code sees is the same).
+    NIX_SANDBOX_POOL   off: no sandbox is set up ahead of a call; each call
+                       sets its own up (slower; for troubleshooting).
     XDG_CACHE_HOME     Where environments' caches are kept (default ~/.cache;
                        /var/cache for root): nix-sandbox-mcp/caches/.
     RUST_LOG           Log filter, e.g. debug or nix_sandbox_mcp=trace (logs go to stderr).

@@ -11,7 +11,10 @@
 //!    its options from a pipe, not yet in its cgroup.
 //! 3. **Prepared** (`sandbox.rs`): in its cgroup, namespaces and mounts built,
 //!    the sandbox's init known by pidfd, waiting on `--block-fd` to start the
-//!    command. The pool (`prestart.rs`) keeps these ready per recipe.
+//!    command. The pool (`prestart.rs`) keeps these ready per recipe; for
+//!    bash, python and node it lets the command start at once, and the
+//!    interpreter waits in a hook of its own start-up for the call's code
+//!    (`warm.rs`).
 //! 4. **Sandbox** (`sandbox.rs`): the call's code is in its file (or, for a
 //!    session, the agent runs) and the command has started.
 //! 5. **Supervised** (`supervise.rs`): the one loop that watches a sandbox
@@ -33,10 +36,12 @@ mod pidns;
 mod prestart;
 
 mod recipe;
+mod request;
 mod sandbox;
 pub mod spawn;
 mod status;
 pub mod supervise;
+mod warm;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -50,6 +55,7 @@ use tokio_util::sync::CancellationToken;
 pub use admission::{Queue, Slot, default_budget_mib};
 pub(crate) use outcome::attribute_limits;
 pub use outcome::{LimitKind, Outcome};
+pub use request::{AGENT_DIR, AgentRequest, Argv, Bounds, Request, code_problem};
 pub use sandbox::Sandbox;
 pub use supervise::{End, Protocol, RunOnce, Supervised, Watch, supervise};
 
@@ -98,104 +104,15 @@ pub enum ExecError {
     Setup(String),
 }
 
-/// What is wrong with `code` as a program, if anything, as a predicate for
-/// the caller's name of it ("holds a NUL byte…"). Code is text: it must be
-/// UTF-8, hold no NUL byte (interpreters refuse or silently drop them, and a
-/// session's framing cannot carry them), and not be blank.
-pub fn code_problem(code: &[u8]) -> Option<String> {
-    if let Some(at) = code.iter().position(|b| *b == 0) {
-        return Some(format!(
-            "holds a NUL byte (at byte {at}); code must be text"
-        ));
-    }
-    if let Err(e) = std::str::from_utf8(code) {
-        return Some(format!(
-            "is not valid UTF-8 (at byte {}); code must be text",
-            e.valid_up_to()
-        ));
-    }
-    if code.iter().all(u8::is_ascii_whitespace) {
-        return Some(
-            if code.is_empty() {
-                "is empty"
-            } else {
-                "holds only whitespace"
-            }
-            .to_string(),
-        );
-    }
-    None
-}
-
-/// One call to run.
-pub struct Request<'a> {
-    pub env: &'a Environment,
-    pub code: &'a [u8],
-    pub project: Option<&'a ProjectMount>,
-    /// Values of the `inherit_env` variables from the daemon's environment.
-    pub inherited: &'a [(String, String)],
-    pub cancel: CancellationToken,
-    pub observer: Option<Arc<dyn Observer>>,
-}
-
-impl<'a> Request<'a> {
-    /// A run of the server's own (a self-test, a probe): no project, no
-    /// inherited variables, nobody watching, cancelled by no one.
-    pub fn internal(env: &'a Environment, code: &'a [u8]) -> Request<'a> {
-        Request {
-            env,
-            code,
-            project: None,
-            inherited: &[],
-            cancel: CancellationToken::new(),
-            observer: None,
-        }
-    }
-}
-
-/// How much the executor runs at once.
-#[derive(Debug, Clone, Copy)]
-pub struct Bounds {
-    /// Calls running at once (`max_concurrent_runs`).
-    pub max_running: usize,
-    /// Calls waiting for a slot (`max_queued_runs`).
-    pub max_waiting: usize,
-    /// Sandboxes kept prepared per environment (0 for one-shot use).
-    pub prestart: usize,
-    /// What the memory limits of all live sandboxes may add up to, in MiB.
-    pub memory_budget_mib: u64,
-}
-
-/// A command run as is instead of an interpreter on a code file: bubblewrap
-/// execs `argv[0]` (looked up in the environment's `PATH`) with no shell.
-#[derive(Debug, Clone, Copy)]
-pub struct Argv<'a> {
-    pub argv: &'a [String],
-    /// Where it starts, inside the sandbox.
-    pub workdir: &'a str,
-}
-
-/// A sandbox whose program keeps running and takes calls on a control
-/// channel (a session's agent).
-pub struct AgentRequest<'a> {
-    pub env: &'a Environment,
-    /// Cancels the wait for a share of the memory budget.
-    pub cancel: &'a CancellationToken,
-    pub project: Option<&'a ProjectMount>,
-    pub inherited: &'a [(String, String)],
-    /// The agent's source, run by the environment's interpreter.
-    pub program: &'a [u8],
-}
-
-/// Where a session's agent file appears in its sandbox: outside /workspace,
-/// which belongs to the code the agent runs.
-pub const AGENT_DIR: &str = "/run/nsm";
-
 /// Exit code and signal as the program saw them, from bubblewrap's exit
 /// status (bubblewrap reports a program killed by signal N as 128 + N).
 pub(crate) fn interpret_exit(status: std::process::ExitStatus) -> (Option<i32>, Option<i32>) {
     outcome::interpret(Some(status))
 }
+
+/// How long a call that took a waiting sandbox may run before the pool
+/// prepares its replacement (it does at the call's end if sooner).
+const REFILL_DELAY: Duration = Duration::from_millis(50);
 
 /// Code larger than this is written to its file off the runtime's threads.
 const LARGE_CODE: usize = 1 << 20;
@@ -223,6 +140,8 @@ struct Inner {
     /// Store views by closure (`None`: the view could not be made, and
     /// the closure is bound path by path).
     views: Mutex<HashMap<Vec<PathBuf>, Option<Arc<nest::view::View>>>>,
+    /// Whether interpreters are started ahead of calls (see `warm`).
+    warm_start: bool,
 }
 
 impl Executor {
@@ -258,6 +177,7 @@ impl Executor {
                 nest,
                 caches: std::sync::RwLock::new(None),
                 views: Mutex::default(),
+                warm_start: std::env::var_os(NO_WARM_VAR).is_none_or(|v| v != "off"),
             }),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -271,13 +191,19 @@ impl Executor {
                     else {
                         return Some(Err(std::io::ErrorKind::WouldBlock.into()));
                     };
+                    let warm = !recipe.warm_failed.load(std::sync::atomic::Ordering::SeqCst);
                     Some(
                         inner
                             .spawn(recipe, Vec::new())
                             .and_then(|s| s.set_up(recipe, inner.platform.run_as))
-                            .map(|p| Prepared {
-                                reservation: Some(reservation),
-                                ..p
+                            .map(|mut p| {
+                                if warm {
+                                    p.release();
+                                }
+                                Prepared {
+                                    reservation: Some(reservation),
+                                    ..p
+                                }
                             }),
                     )
                 }),
@@ -320,7 +246,8 @@ impl Executor {
         }
     }
 
-    fn recipe(&self, ingredients: Ingredients) -> Result<Recipe, ExecError> {
+    fn recipe(&self, mut ingredients: Ingredients) -> Result<Recipe, ExecError> {
+        ingredients.prestart &= self.inner.warm_start;
         let stage_root = self
             .inner
             .nest
@@ -506,16 +433,30 @@ impl Executor {
             None => self.inner.pool.take(&recipe.key),
             Some(_) => None,
         };
+        // With the pool used up (a burst), its refill starts now, for the
+        // calls behind this one. Otherwise another sandbox still waits, and
+        // the refill starts when this call ends, or after REFILL_DELAY if it
+        // runs longer: setting a sandbox (and its interpreter) up would take
+        // a core from a short call while it runs.
+        let kept = argv.is_none();
         let prepared = match pooled {
-            Some(p) => p,
+            Some(p) => {
+                let pool = self.inner.pool.clone();
+                let recipe = recipe.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(REFILL_DELAY).await;
+                    pool.refill(&recipe);
+                });
+                p
+            }
             None => {
+                if kept {
+                    self.inner.pool.refill(&recipe);
+                }
                 let reservation = self.reserve_memory(&limits, &req.cancel).await?;
                 self.prepare_now(&recipe, Vec::new(), reservation).await?
             }
         };
-        if argv.is_none() {
-            self.inner.pool.refill(&recipe);
-        }
         let prepared = with_code(prepared, req.code).await?;
         let network = recipe.network.as_ref().map(|p| (&self.inner.proxy, p));
         let mut sandbox = prepared
@@ -544,6 +485,9 @@ impl Executor {
             None => sandbox.reap_init_usage().await,
             Some(_) => None,
         };
+        if kept {
+            self.inner.pool.refill(&recipe);
+        }
         let fired = sandbox.finish();
         let set_up_failed = matches!(watched.end, End::Exited(_))
             && self.inner.platform.layout.json_status_fd
@@ -621,6 +565,7 @@ impl Executor {
             ],
             command: None,
             workdir: None,
+            prestart: false,
         })?);
         let reservation = self.reserve_memory(&req.env.limits, req.cancel).await?;
         let prepared = self
@@ -737,6 +682,10 @@ pub const NO_NEST_VAR: &str = "NIX_SANDBOX_NEST";
 /// Set to `off`, a closure is bound path by path, not through a store view
 /// (for troubleshooting, and to compare the two).
 pub const NO_VIEW_VAR: &str = "NIX_SANDBOX_STORE_VIEW";
+
+/// Set to `off`, interpreters are never started ahead of their call (for
+/// troubleshooting, and to compare the two).
+pub const NO_WARM_VAR: &str = "NIX_SANDBOX_WARM_START";
 
 /// Writes `code` into a prepared sandbox's code file (large code off the
 /// runtime's threads).

@@ -172,7 +172,24 @@ impl Pool {
         let r = ready.get_mut(key)?;
         r.called(Instant::now());
         // One that died while it waited is dropped (its remains stopped).
-        std::iter::from_fn(|| r.sandboxes.pop()).find_map(|mut p| p.is_alive().then_some(p))
+        // Dead after starting ahead of its call, its interpreter ran the
+        // empty code file instead of waiting in its hook: no more of those.
+        let kept = r.kept.clone();
+        std::iter::from_fn(|| r.sandboxes.pop()).find_map(|mut p| {
+            if p.is_alive() {
+                return Some(p);
+            }
+            if p.released()
+                && let Some(recipe) = &kept
+                && !recipe.warm_failed.swap(true, Ordering::SeqCst)
+            {
+                tracing::warn!(
+                    "{}: the interpreter does not wait in its start-up hook; it is no longer started ahead of calls",
+                    recipe.env.name
+                );
+            }
+            None
+        })
     }
 
     /// Tops up, in the background, the sandboxes for `recipe` if it is kept,

@@ -8,11 +8,13 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use super::ExecError;
 use super::nest::view::View;
 use super::nest::{ProjectSpec, StageSpec};
+use super::warm::Warm;
 use crate::environment::Environment;
 use crate::jail::{self, CacheMount, Call, HostLayout, ProjectAccess, ProjectMount};
 use crate::limits::{Enforcer, Rlimit};
@@ -59,6 +61,12 @@ pub(super) struct Recipe {
     pub(super) caches: Vec<CacheMount>,
     /// The closure's store view, when the sandbox starts from one.
     pub(super) view: Option<Arc<View>>,
+    /// How its interpreter is pre-started, when it can be.
+    pub(super) warm: Option<Warm>,
+    /// Set when a sandbox of this recipe, let start ahead of its call, ran
+    /// the code file anyway: its interpreter skips the hook, and the pool
+    /// no longer starts it ahead.
+    pub(super) warm_failed: AtomicBool,
 }
 
 /// Compiled seccomp programs, once per distinct allow-list.
@@ -91,6 +99,8 @@ pub(super) struct Ingredients<'a> {
     pub(super) command: Option<Vec<String>>,
     /// Where the command starts, when not in the workspace.
     pub(super) workdir: Option<String>,
+    /// Whether the interpreter may be pre-started (see `warm`).
+    pub(super) prestart: bool,
 }
 
 impl<'a> Ingredients<'a> {
@@ -110,6 +120,7 @@ impl<'a> Ingredients<'a> {
             extra_args: Vec::new(),
             command: None,
             workdir: None,
+            prestart: true,
         }
     }
 }
@@ -138,6 +149,10 @@ impl Recipe {
             Some(command) => (command, None),
             None => (i.env.command_for(&i.code_path), Some(i.code_path)),
         };
+        let warm = (i.prestart && code_path.is_some() && i.extra_args.is_empty())
+            .then(|| Warm::plan(i.env, i.inherited, &command, stage_root.is_some()))
+            .flatten();
+        let hook_vars = warm.as_ref().map(|w| w.vars(0)).unwrap_or_default();
         let placeholder = Call {
             env: i.env,
             project: i.project,
@@ -151,6 +166,7 @@ impl Recipe {
             store_view: view.as_ref().map(|(_, at)| *at),
             protected: &protected,
             caches: &caches,
+            hook_vars: &hook_vars,
         };
         let stage = stage_root.map(|_| StageSpec {
             size_bytes: i.env.limits.workspace_bytes,
@@ -192,6 +208,8 @@ impl Recipe {
             protected,
             caches,
             view: view.map(|(v, _)| v),
+            warm,
+            warm_failed: AtomicBool::new(false),
         })
     }
 }
@@ -264,6 +282,7 @@ mod tests {
                 extra_args: Vec::new(),
                 command: None,
                 workdir: None,
+                prestart: true,
             },
         )
         .unwrap()

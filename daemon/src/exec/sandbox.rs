@@ -47,6 +47,18 @@ pub(super) struct Prepared {
     /// The root of its staged tmpfs (see `nest`), which this descriptor
     /// keeps readable, the project's changes with it, until dropped.
     pub(super) staged: Option<OwnedFd>,
+    /// A pre-started interpreter's hook, waiting for its message.
+    pub(super) go: Option<Go>,
+    /// The command has started (a pre-started interpreter, waiting in its
+    /// hook); otherwise it starts with the call.
+    pub(super) released: bool,
+}
+
+/// What lets a pre-started interpreter go on to the code file (see `warm`).
+#[derive(Debug)]
+pub(super) struct Go {
+    pub(super) pipe: OwnedFd,
+    pub(super) message: Vec<u8>,
 }
 
 impl Prepared {
@@ -65,6 +77,24 @@ impl Prepared {
                 "this sandbox runs a command, which reads no code",
             )),
         }
+    }
+
+    /// Starts the command ahead of the call: a pre-started interpreter runs
+    /// up to its hook and waits there. False (and nothing done) when the
+    /// command has no hook.
+    pub(super) fn release(&mut self) -> bool {
+        if self.go.is_none() || self.released {
+            return false;
+        }
+        // A failed write means bubblewrap is gone, which `is_alive` shows.
+        let _ = rustix::io::write(&self.block, b"x");
+        self.released = true;
+        true
+    }
+
+    /// True for one started ahead of its call (see [`Prepared::release`]).
+    pub(super) fn released(&self) -> bool {
+        self.released
     }
 
     /// Kills a sandbox that was never started and waits for it to end.
@@ -109,7 +139,12 @@ impl Prepared {
             staged: self.staged,
         };
         // A failed write means bubblewrap is gone, which its exit explains.
-        let _ = rustix::io::write(&self.block, b"x");
+        if !self.released {
+            let _ = rustix::io::write(&self.block, b"x");
+        }
+        if let Some(go) = self.go {
+            let _ = std::fs::File::from(go.pipe).write_all(&go.message);
+        }
         Ok(sandbox)
     }
 }

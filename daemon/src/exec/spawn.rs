@@ -24,7 +24,7 @@ use tokio::io::unix::AsyncFd;
 use super::child::ChildPlan;
 use super::nest::{Nest, Reaped, Reported};
 use super::recipe::{Recipe, nul_separated};
-use super::sandbox::Prepared;
+use super::sandbox::{Go, Prepared};
 use super::status::Status;
 use crate::jail::{self, Call};
 use crate::limits::{Enforcer, Lease, Rlimit};
@@ -47,6 +47,9 @@ pub(super) struct Spawned {
     seccomp: [OwnedFd; 2],
     options_data: Vec<u8>,
     staged: Option<OwnedFd>,
+    /// A pre-started interpreter's pipe: the write end, and the number the
+    /// interpreter knows the read end by.
+    go: Option<(OwnedFd, i32)>,
     /// In the nest: what its init reaped (the sandbox's init ends up there).
     reaped: Option<Arc<Reaped>>,
 }
@@ -70,6 +73,21 @@ pub(super) fn spawn(
     let (sc1_r, sc1_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
     let (block_r, block_w) = pipe()?;
+    let go = match recipe.warm {
+        Some(_) => {
+            let (r, w) = pipe()?;
+            // bash opens it again through /dev/fd, as the sandbox's user
+            // (another one when the server runs as root). Only processes
+            // holding the pipe can reach it there.
+            rustix::fs::fchmod(&r, rustix::fs::Mode::from_raw_mode(0o444))?;
+            Some((r, w))
+        }
+        None => None,
+    };
+    let hook_vars = match (&recipe.warm, &go) {
+        (Some(warm), Some((go_r, _))) => warm.vars(go_r.as_raw_fd()),
+        _ => Vec::new(),
+    };
     rustix::fs::fcntl_setfl(&status_r, rustix::fs::OFlags::NONBLOCK)?;
     let code = match recipe.code_path {
         Some(_) => Some(platform.code_file()?),
@@ -91,6 +109,7 @@ pub(super) fn spawn(
         store_view: recipe.view.as_ref().map(|_| platform.view_dir.as_path()),
         protected: &recipe.protected,
         caches: &recipe.caches,
+        hook_vars: &hook_vars,
     };
     let (entry, receipt) = match nest {
         Some(n) => {
@@ -102,6 +121,13 @@ pub(super) fn spawn(
     };
     let options_data = nul_separated(jail::bwrap_options(&platform.layout, &call));
     let options_fd = options_r.as_raw_fd();
+    let (go_r, go) = match go {
+        Some((r, w)) => {
+            let number = r.as_raw_fd();
+            (Some(r), Some((w, number)))
+        }
+        None => (None, None),
+    };
     let plan = ChildPlan {
         hard: recipe
             .rlimits
@@ -112,6 +138,7 @@ pub(super) fn spawn(
         inherit: Arc::new(
             [options_r, sc0_r, sc1_r, status_w, block_r]
                 .into_iter()
+                .chain(go_r)
                 .chain(extra)
                 .collect(),
         ),
@@ -192,6 +219,7 @@ pub(super) fn spawn(
         seccomp: [sc0_w, sc1_w],
         options_data,
         staged,
+        go,
         reaped: nest.map(|n| n.reaped().clone()),
     })
 }
@@ -255,6 +283,18 @@ impl Spawned {
             }
             None => None,
         };
+        let go = match (&recipe.warm, self.go) {
+            (Some(warm), Some((pipe, number))) => {
+                if let Some(root) = &self.staged {
+                    warm.stage(root, number, run_as)?;
+                }
+                Some(Go {
+                    pipe,
+                    message: warm.go(number),
+                })
+            }
+            _ => None,
+        };
         Ok(Prepared {
             process: self.process,
             init,
@@ -267,6 +307,8 @@ impl Spawned {
             reservation: None,
             proxy_listener: listener,
             staged: self.staged,
+            go,
+            released: false,
         })
     }
 }

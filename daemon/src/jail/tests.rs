@@ -81,6 +81,7 @@ fn bare_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Cal
         store_view: None,
         protected: &[],
         caches: &[],
+        hook_vars: &[],
     }
 }
 
@@ -463,4 +464,26 @@ fn a_store_view_replaces_the_closures_binds_with_one() {
     ));
     assert_eq!(store_dir(&closure), Some(Path::new("/nix/store")));
     assert_eq!(store_dir(&[]), None);
+}
+
+#[test]
+fn a_hook_variable_is_set_after_every_other_and_so_wins() {
+    let mut env = env();
+    env.vars.insert("PYTHONPATH".into(), "/lib/a".into());
+    let inherited = [("PYTHONPATH".to_string(), "/lib/b".to_string())];
+    let hook = [(
+        "PYTHONPATH".to_string(),
+        "/tmp/.nsm-prestart:/lib/b".to_string(),
+    )];
+    let a = options(&Call {
+        inherited: &inherited,
+        hook_vars: &hook,
+        ..bare_call(&env, None)
+    });
+    let last_setenv = a.iter().rposition(|x| x == "--setenv").unwrap();
+    assert_eq!(
+        a[last_setenv..last_setenv + 3],
+        ["--setenv", "PYTHONPATH", "/tmp/.nsm-prestart:/lib/b"]
+    );
+    assert!(pos(&a, &["--setenv", "PYTHONPATH", "/lib/b"]) < last_setenv);
 }

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Every speed table in one run, with one binary, one after the other:
+
+  bench.py           per environment (bash, python, node): the host
+                     interpreter, bare bubblewrap, a call over MCP with the
+                     interpreter pre-started (warm), with a cold interpreter,
+                     with a cold pool, with cgroups off, and the CLI
+  closure_calls.py   a Nix closure of 10 and of 200 store paths: bare
+                     bubblewrap, a warm call, back-to-back calls and what
+                     one such call costs (cold)
+  sustained.py       calls per second with 1, 2, 4 and 8 in flight against
+                     bare bubblewrap, for bash and for python
+
+docs/performance.md shows the tables and what each row means. Options are
+passed to each bench that takes them; --quick shortens every one (for a
+look, not for the docs).
+
+usage: bench/speed.py [--bin target/release/nix-sandbox-mcp] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=str(HERE.parent / "target" / "release" / "nix-sandbox-mcp"))
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    if not pathlib.Path(a.bin).exists():
+        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
+    quick = a.quick
+    runs = [
+        ("calls, per environment", "bench.py", ["--runs", "40" if quick else "150", "--cli-runs", "5" if quick else "20"]),
+        ("closures of 10 and 200 store paths", "closure_calls.py",
+         ["--runs", "15" if quick else "40", "--seconds", "2" if quick else "4"]),
+        ("sustained load, bash", "sustained.py", ["--env", "bash", "--seconds", "2" if quick else "4"]),
+        ("sustained load, python", "sustained.py", ["--env", "python", "--seconds", "2" if quick else "4"]),
+    ]
+    for title, script, args in runs:
+        print(f"\n== {title} ({script})", flush=True)
+        subprocess.run([sys.executable, str(HERE / script), "--bin", a.bin, *args], check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Pre-started interpreters: a sandbox kept ready holds bash, python or node
+already started, waiting in its start-up for the call's code. What the code
+sees must be what a cold start shows it. Each case runs once on a server
+that starts interpreters ahead of calls and once on one that does not
+(NIX_SANDBOX_WARM_START=off), and the two answers must be the same, byte
+for byte. Every program also reports how long its interpreter had been
+running, which shows that the first server's calls did take a pre-started
+one."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import anyio
+import pytest
+
+from harness import call, processes_with, run_async, session
+
+AGE = """
+def _age():
+    import os
+    with open('/proc/self/stat') as f:
+        start = int(f.read().rsplit(')', 1)[1].split()[19])
+    with open('/proc/uptime') as f:
+        up = float(f.read().split()[0])
+    return up - start / os.sysconf('SC_CLK_TCK')
+"""
+
+PYTHON_FACTS = AGE + """
+import json, os, resource, signal, sys
+facts = {
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "name": __name__, "file": __file__,
+    "cached": __cached__, "spec": repr(__spec__), "loader": type(__loader__).__name__,
+    "globals": sorted(globals()), "cwd": os.getcwd(), "env": dict(os.environ),
+    "path": sys.path, "modules": sorted(sys.modules), "importers": sorted(sys.path_importer_cache),
+    "flags": str(sys.flags), "executable": sys.executable, "prefix": sys.prefix,
+    "stdin": [sys.stdin.name, sys.stdin.read(), os.readlink("/proc/self/fd/0")],
+    "fds": sorted(os.listdir("/proc/self/fd")), "tmp": os.listdir("/tmp"),
+    "workspace": sorted(os.listdir("/workspace")), "pid": os.getpid(), "ppid": os.getppid(),
+    "pgid": os.getpgid(0), "sid": os.getsid(0), "umask": os.umask(0o22),
+    "handlers": [str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)],
+    "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+}
+print(json.dumps(facts, sort_keys=True))
+print("AGE", _age(), file=sys.stderr)
+"""
+
+PYTHON = {
+    "facts": PYTHON_FACTS,
+    "exit code": AGE + "import sys\nprint('AGE', _age(), file=sys.stderr)\nsys.exit(3)\n",
+    "traceback": AGE + "import sys\nprint('AGE', _age(), file=sys.stderr)\n"
+                 "def inner():\n    raise ValueError('boom')\ndef outer():\n    inner()\nouter()\n",
+    "signal": AGE + "import os, sys\nprint('AGE', _age(), file=sys.stderr, flush=True)\nos.kill(os.getpid(), 9)\n",
+    "interrupt": AGE + "import os, signal, sys\nprint('AGE', _age(), file=sys.stderr, flush=True)\n"
+                 "os.kill(os.getpid(), signal.SIGINT)\n",
+    "stdin": AGE + "import sys\nprint('AGE', _age(), file=sys.stderr)\ninput('? ')\n",
+    "syntax": "print('AGE', 1, file=__import__('sys').stderr)\nx = (\n",
+}
+
+NODE_AGE = """
+function _age() {
+  const fs = require('fs');
+  const start = Number(fs.readFileSync('/proc/self/stat', 'utf8').split(')').pop().trim().split(' ')[19]);
+  const up = Number(fs.readFileSync('/proc/uptime', 'utf8').split(' ')[0]);
+  return up - start / 100;
+}
+"""
+
+NODE_FACTS = NODE_AGE + """
+const fs = require('fs');
+fs.mkdirSync('/workspace/node_modules/m', { recursive: true });
+fs.writeFileSync('/workspace/node_modules/m/index.js', 'module.exports = __filename;');
+fs.writeFileSync('/workspace/local.js', 'module.exports = module.paths;');
+const facts = {
+  argv: process.argv, execArgv: process.execArgv, execPath: process.execPath, title: process.title,
+  cwd: process.cwd(), env: process.env, filename: __filename, dirname: __dirname, id: module.id,
+  main: require.main === module, paths: module.paths, parent: String(module.parent),
+  cache: Object.keys(require.cache), resolvePaths: require.resolve.paths('anything'),
+  m: require('m'), local: require('./local'), cacheAfter: Object.keys(require.cache),
+  fds: fs.readdirSync('/proc/self/fd').sort(), tmp: fs.readdirSync('/tmp'),
+  workspace: fs.readdirSync('/workspace').sort(), pid: process.pid, ppid: process.ppid,
+  umask: process.umask(), globals: Object.keys(globalThis).sort(),
+  listeners: ['SIGINT', 'SIGTERM', 'exit', 'uncaughtException'].map((e) => process.listenerCount(e)),
+};
+console.log(JSON.stringify(facts));
+console.error('AGE', _age());
+"""
+
+NODE = {
+    "facts": NODE_FACTS,
+    "exit code": NODE_AGE + "console.error('AGE', _age());\nprocess.exit(3);\n",
+    "exception": NODE_AGE + "console.error('AGE', _age());\n"
+                 "function inner() { throw new Error('boom'); }\nfunction outer() { inner(); }\nouter();\n",
+    "signal": NODE_AGE + "console.error('AGE', _age());\nprocess.kill(process.pid, 'SIGKILL');\n",
+    "rejection": NODE_AGE + "console.error('AGE', _age());\nPromise.reject(new TypeError('nope'));\n",
+    "stdin": NODE_AGE + "console.error('AGE', _age());\n"
+             "console.log(JSON.stringify(require('fs').readFileSync(0, 'utf8')));\n",
+}
+
+# bash's age, computed after everything else the program looks at.
+BASH_AGE = """
+read -r up _ < /proc/uptime
+stat=$(< /proc/$$/stat)
+set -- ${stat##*)}
+echo "AGE $(( ${up%%.*}${up#*.} - ${20} ))e-2" >&2
+"""
+
+# One known difference: bash fills BASH_ARGC lazily, and sourcing the hook
+# fills it early, so a listing of every variable shows BASH_ARGC=([0]="0")
+# where a cold start shows BASH_ARGC=(); naming it shows ([0]="0") in both.
+BASH_FACTS = """echo "[$_]"
+declare -p BASH_ARGC BASH_ARGV BASH_SOURCE BASH_LINENO
+echo "$0 $# $$ $PPID $BASHPID $-"
+declare -p | grep -Ev '^declare -[-a-zA-Z]+ (BASHPID|RANDOM|SRANDOM|EPOCHSECONDS|EPOCHREALTIME|SECONDS|BASH_COMMAND|LINENO|BASH_ARGC)='
+declare -f
+set -o
+shopt
+trap -p
+umask
+ulimit -a
+pwd
+echo /proc/$$/fd/*
+echo /tmp/* /tmp/.*
+ls -a /workspace
+env | sort
+""" + BASH_AGE
+
+BASH = {
+    "facts": BASH_FACTS,
+    "exit code": BASH_AGE + "exit 3\n",
+    "not found": BASH_AGE + "no-such-command-here\necho after $?\n",
+    "signal": BASH_AGE + "kill -KILL $$\n",
+    "stdin": BASH_AGE + "read -r line; echo \"read $? [$line]\"\n",
+}
+
+CASES = {"bash": (".main.sh", BASH), "python": (".main.py", PYTHON), "node": (".main.js", NODE)}
+
+
+def answers(env: str, warm: bool) -> dict[str, tuple]:
+    file_name, cases = CASES[env]
+
+    async def go() -> dict[str, tuple]:
+        out = {}
+        async with session(env={"NIX_SANDBOX_WARM_START": "on" if warm else "off"}) as s:
+            for name, code in cases.items():
+                if warm:
+                    await wait_for_waiting_interpreter(file_name)
+                sc, text, _ = await call(s, env, code)
+                assert "error" not in sc or sc["error"]["code"] in ("exit_nonzero", "killed_by_signal"), (name, text)
+                out[name] = (sc.get("stdout"), sc.get("stderr"), sc.get("exit_code"), sc.get("signal"))
+        return out
+
+    return run_async(go)
+
+
+async def wait_for_waiting_interpreter(file_name: str) -> None:
+    """Until an interpreter of ours is started on the code file and has had
+    time to reach its hook."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if processes_with(f"/workspace/{file_name}", ours=True):
+            await anyio.sleep(0.5)
+            return
+        await anyio.sleep(0.05)
+    raise AssertionError(f"no interpreter waits on /workspace/{file_name}")
+
+
+def split_age(stderr: str) -> tuple[str, float | None]:
+    m = re.search(r"^AGE (\S+)\n", stderr, re.M)
+    if not m:
+        return stderr, None
+    return stderr[:m.start()] + stderr[m.end():], float(m.group(1))
+
+
+@pytest.mark.parametrize("env", ["bash", "python", "node"])
+def test_a_pre_started_interpreter_shows_the_code_what_a_cold_one_does(env):
+    cold = answers(env, warm=False)
+    warm = answers(env, warm=True)
+    for name in CASES[env][1]:
+        c_out, c_err, c_code, c_sig = cold[name]
+        w_out, w_err, w_code, w_sig = warm[name]
+        c_err, c_age = split_age(c_err)
+        w_err, w_age = split_age(w_err)
+        assert (w_out, w_err, w_code, w_sig) == (c_out, c_err, c_code, c_sig), \
+            f"{env} {name}: pre-started\n{w_out!r}\n{w_err!r}\ncold\n{c_out!r}\n{c_err!r}"
+        if name != "syntax":
+            assert w_age is not None and w_age >= 0.3, f"{env} {name}: not pre-started (age {w_age})"
+            assert c_age is not None and c_age < w_age, f"{env} {name}: cold age {c_age}"
