@@ -226,14 +226,22 @@ impl SandboxServer {
             use futures::StreamExt;
             let config = server.shared.config.clone();
             let prober = crate::app::ExecProber(server.shared.executor.clone());
-            if check_first {
-                let registry =
-                    crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
-                if registry.offers_nothing() && registry.building.is_empty() {
-                    tracing::error!(
-                        "no environment is available: none starts in the sandbox (see the warnings above)"
-                    );
+            // Checked, the environments gathered so far; `why_none` says
+            // why none is left, when none is (and no build may add one).
+            let load = |gathered: Gathered, why_none: &'static str| {
+                let (config, prober) = (&config, &prober);
+                async move {
+                    let registry = crate::registry::load(config, gathered, Some(prober)).await;
+                    if registry.offers_nothing() && registry.building.is_empty() {
+                        tracing::error!(
+                            "no environment is available: {why_none} (see the warnings above)"
+                        );
+                    }
+                    registry
                 }
+            };
+            if check_first {
+                let registry = load(gathered.clone(), "none starts in the sandbox").await;
                 server.replace_registry(registry);
                 server.checked.send_replace(true);
             }
@@ -243,13 +251,7 @@ impl SandboxServer {
                     tracing::info!("{} is built: environment {}", about.label, offer.env.name);
                 }
                 gathered.finished(&about, result);
-                let registry =
-                    crate::registry::load(&config, gathered.clone(), Some(&prober)).await;
-                if registry.offers_nothing() {
-                    tracing::error!(
-                        "no environment is available: every Nix build failed (see the warnings above)"
-                    );
-                }
+                let registry = load(gathered.clone(), "every Nix build failed").await;
                 server.publish(registry);
             }
         });

@@ -141,14 +141,8 @@ impl Nest {
             .spawn()
             .map_err(|e| format!("cannot start the nest's holder: {e}"))?;
         if let Err(e) = map_if_root(&mut holder).and_then(|()| wait_ready(&mut holder)) {
-            let _ = holder.kill();
-            let mut why = String::new();
-            if let Some(mut err) = holder.stderr.take() {
-                let _ = err.read_to_string(&mut why);
-            }
-            let _ = holder.wait();
-            let why = why.trim().trim_start_matches("nix-sandbox-mcp nest: ");
-            return Err(if why.is_empty() { e } else { why.to_string() });
+            let why = stop_helper(&mut holder, "nix-sandbox-mcp nest: ");
+            return Err(if why.is_empty() { e } else { why });
         }
         let open = |what: &str| {
             let path = format!("/proc/{}/ns/{what}", holder.id());
@@ -289,6 +283,18 @@ fn wait_ready(holder: &mut Child) -> Result<(), String> {
 
 /// Reads `line` from a helper of the nest (`what`: the holder, a store
 /// view's helper), waiting no longer than [`START_LIMIT`].
+/// Kills and reaps a helper run from this binary, and returns what it
+/// said on its standard error, without its `prefix` (its name).
+fn stop_helper(helper: &mut Child, prefix: &str) -> String {
+    let _ = helper.kill();
+    let mut why = String::new();
+    if let Some(mut err) = helper.stderr.take() {
+        let _ = err.read_to_string(&mut why);
+    }
+    let _ = helper.wait();
+    why.trim().trim_start_matches(prefix).to_string()
+}
+
 fn expect_line(helper: &mut Child, line: &[u8], what: &str) -> Result<(), String> {
     let out = helper.stdout.as_ref().expect("piped");
     let limit = Timespec {

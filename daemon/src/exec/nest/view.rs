@@ -79,14 +79,8 @@ pub fn make(user_namespace: &Path, view_dir: &Path, paths: &[PathBuf]) -> Result
         drop(stdin);
         Ok(View { namespace })
     })();
-    let _ = helper.kill();
-    let mut why = String::new();
-    if let Some(mut err) = helper.stderr.take() {
-        let _ = err.read_to_string(&mut why);
-    }
-    let _ = helper.wait();
+    let why = super::stop_helper(&mut helper, "nix-sandbox-mcp view: ");
     result.map_err(|e| {
-        let why = why.trim().trim_start_matches("nix-sandbox-mcp view: ");
         if why.is_empty() {
             format!("cannot make the store view: {e}")
         } else {
