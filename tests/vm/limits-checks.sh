@@ -6,6 +6,7 @@
 # Usage: limits-checks.sh PATH-TO-nix-sandbox-mcp
 set -uo pipefail
 bin=$(realpath "${1:?usage: limits-checks.sh PATH-TO-nix-sandbox-mcp}")
+here=$(cd "$(dirname "$0")" && pwd)
 user=(); [ "$(id -u)" = 0 ] || user=(--user)
 failures=0
 work=$(mktemp -d)
@@ -59,6 +60,10 @@ while time.time() - wall < 2:
 print(round(time.process_time() - cpu, 2))' >out 2>err
   check "a quarter of a core gives a busy loop about a quarter of its time (cpu $(cat out) s in 2 s)" \
     python3 -c "import sys; sys.exit(0 if float(open('out').read()) < 1.2 else 1)"
+
+  python3 "$here/warm-check.py" "${launch[@]}" "$bin" limits.toml >out 2>err
+  rc=$?
+  check "over MCP, a pre-started python shows the code what a cold one does ($(tail -n1 out))" test "$rc" = 0
 }
 
 section "$(id -un) (uid $(id -u)): $(systemctl --version | head -n1), kernel $(uname -r)"

@@ -254,15 +254,14 @@ impl Sandbox {
     /// Starts counting a new call's CPU time.
     pub fn begin_call(&mut self) {
         self.lease.begin_call();
-        if self.lease.call_cpu().is_none() {
+        if !self.lease.counts_cpu() {
             self.call_cpu_start = self.init.as_ref().map(|i| super::pidns::usage(i.pid()).0);
         }
     }
 
-    /// CPU time of the current call, as the cgroup counts it (cheap; `None`
-    /// without a cgroup that counts CPU).
-    pub(super) fn call_cpu(&self) -> Option<Duration> {
-        self.lease.call_cpu()
+    /// Whether a cgroup counts the sandbox's CPU time.
+    pub(super) fn counts_cpu(&self) -> bool {
+        self.lease.counts_cpu()
     }
 
     /// What the current call used: its CPU time and the highest memory use

@@ -171,8 +171,8 @@ async fn run_until_end<P: Protocol>(
     out: &mut Output<'_>,
 ) -> End<P::Reply> {
     let cpu_budget = Duration::from_secs(watch.limits.cpu_seconds);
-    let counts_cpu = sandbox.call_cpu().is_some();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let counts_cpu = sandbox.counts_cpu();
+    let cores = cores();
     let Sandbox {
         process,
         stdout,
@@ -260,6 +260,12 @@ async fn run_until_end<P: Protocol>(
             return End::Output;
         }
     }
+}
+
+/// The host's cores, looked up once (the lookup reads cgroup files).
+fn cores() -> u32 {
+    static CORES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as u32)
 }
 
 /// Reads both streams of an ended sandbox to their end. Nothing inside can

@@ -231,10 +231,21 @@ impl Lease {
         let Some(g) = &c.group else {
             return Usage::default();
         };
+        let now = c.pool.counters(g);
         Usage {
-            cpu: self.call_cpu(),
-            peak_memory_bytes: c.pool.counters(g).peak_memory,
+            cpu: now
+                .cpu_usec
+                .zip(c.call_cpu_usec)
+                .map(|(now, start)| std::time::Duration::from_micros(now.saturating_sub(start))),
+            peak_memory_bytes: now.peak_memory,
         }
+    }
+
+    /// Whether the group counts CPU time (without reading it).
+    pub fn counts_cpu(&self) -> bool {
+        self.cgroup
+            .as_ref()
+            .is_some_and(|c| c.group.is_some() && c.call_cpu_usec.is_some())
     }
 
     /// Freezes (or thaws) every process in the group. False when the
