@@ -129,10 +129,12 @@ pub struct Call<'a> {
     /// it bubblewrap makes the writable filesystems itself, and the project
     /// is bound from the host.
     pub staged: Option<&'a Path>,
-    /// A directory holding exactly the environment's closure (a store view,
-    /// see `exec::nest::view`), bound over the store in one piece instead
-    /// of one bind per store path.
-    pub store_view: Option<&'a Path>,
+    /// The closure comes as a store view (see `exec::nest::view`), mounted
+    /// over the store from outside once bubblewrap has made every other
+    /// mount: this descriptor is the pipe bubblewrap reads, as the content
+    /// of a file under the store, while that happens (the file is hidden
+    /// by the view). Without it each store path is bound.
+    pub store_view: Option<RawFd>,
     /// The project's protected paths that exist on the host as files or
     /// directories (not symlinks), relative: read-only in a read-write project.
     pub protected: &'a [String],
@@ -154,6 +156,17 @@ pub struct CacheMount {
 /// Where `env`'s code file appears in the sandbox: in the working directory.
 pub fn code_path(env: &Environment) -> String {
     format!("{WORKSPACE}/{}", env.file_name)
+}
+
+/// The file under the store that bubblewrap writes while a store view is
+/// mounted over the store (see [`Call::store_view`]); the view hides it.
+pub const VIEW_SYNC_FILE: &str = ".nsm-view-sync";
+
+/// Where `path` of the sandbox is while bubblewrap sets the sandbox up
+/// (it builds the root at /newroot, then makes it the root): where a store
+/// view is mounted from outside.
+pub fn while_set_up(path: &Path) -> PathBuf {
+    Path::new("/newroot").join(path.strip_prefix("/").unwrap_or(path))
 }
 
 /// The store directory of a closure: the one parent all its paths have
@@ -222,9 +235,9 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         a.triple("--setenv", k, v);
     }
 
-    // Root filesystem, read-only. A store view is bound after every other
-    // mount: bubblewrap reads the whole mount table for each bind, and the
-    // fewer of them see the view's mounts, the faster.
+    // Root filesystem, read-only. A store view comes after every other
+    // mount: bubblewrap reads the whole mount table for each bind, and none
+    // of them may see the view's mounts.
     let mut store_view = None;
     match &env.root {
         RootFs::Host { extra } => {
@@ -324,8 +337,13 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     if let Some((file, at)) = call.code_file {
         a.bind_ro(file, Path::new(at));
     }
-    if let Some((view, store)) = store_view {
-        a.bind_ro(view, store);
+    if let Some((sync, store)) = store_view {
+        a.pair_os("--dir", store.as_os_str());
+        a.triple_os(
+            "--file",
+            sync.to_string().as_ref(),
+            store.join(VIEW_SYNC_FILE).as_os_str(),
+        );
     }
     if layout.add_seccomp_fd {
         for fd in &call.seccomp_fds {

@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
     DIR *d = opendir(store);
     if (!d) return 2;
     struct dirent *e;
-    while ((e = readdir(d))) if (e->d_name[0] != '.') printf("%s\n", e->d_name);
+    while ((e = readdir(d))) if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) printf("%s\n", e->d_name);
     snprintf(path, sizeof path, "%s/new", store);
     printf("store writable: %d\n", open(path, O_CREAT | O_WRONLY, 0644) >= 0);
     snprintf(path, sizeof path, "%s/new", own);

@@ -187,3 +187,35 @@ def test_a_pre_started_interpreter_shows_the_code_what_a_cold_one_does(env):
         if name != "syntax":
             assert w_age is not None and w_age >= 0.3, f"{env} {name}: not pre-started (age {w_age})"
             assert c_age is not None and c_age < w_age, f"{env} {name}: cold age {c_age}"
+
+
+def test_no_interpreter_started_for_the_old_project_runs_after_a_project_change():
+    """The client's root changes while python interpreters wait, started
+    for the first project: the next call runs in an interpreter started
+    after the change, which sees the new project."""
+    from harness import RootsClient, roots_session
+    from test_roots import folder, roots_changed, uri
+
+    cwd = folder("started-here", "cwd-marker")
+    a, b = folder("a", "a-marker"), folder("b", "b-marker")
+    client = RootsClient([uri(a)])
+    probe = AGE + "import os, sys\nprint(sorted(os.listdir('/project')))\nprint('AGE', _age(), file=sys.stderr)\n"
+
+    async def t():
+        async with roots_session(client, cwd) as s:
+            await wait_for_waiting_interpreter(".main.py")
+            sc, _, _ = await call(s, "python", probe)
+            assert sc["stdout"] == "['a-marker']\n", sc
+            await wait_for_waiting_interpreter(".main.py")
+            seen = client.tools_changed
+            client.roots = [uri(b)]
+            changed = time.monotonic()
+            await roots_changed(s)
+            await client.wait_tools_changed(seen)
+            sc, text, _ = await call(s, "python", probe)
+            since_change = time.monotonic() - changed
+            assert sc["stdout"] == "['b-marker']\n", text
+            _, age = split_age(sc["stderr"])
+            assert age is not None and age < since_change, f"started {age} s ago, the change was {since_change} s ago"
+
+    run_async(t)

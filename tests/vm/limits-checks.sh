@@ -66,8 +66,41 @@ print(round(time.process_time() - cpu, 2))' >out 2>err
   check "over MCP, a pre-started python shows the code what a cold one does ($(tail -n1 out))" test "$rc" = 0
 }
 
+closure_check() { # a closure of 200 store paths, mounted as a store view: exactly it is seen
+  local lister=$here/../../target/vm-store-lister
+  if [ ! -x "$lister" ]; then
+    echo "skip  a sandbox sees exactly its Nix closure (no target/vm-store-lister: no cc on the host)"
+    return
+  fi
+  local store=$work/store closure=() i
+  mkdir -p "$store/00000000000000000000000000000000-lister/bin" "$work/artifacts/listed"
+  cp "$lister" "$store/00000000000000000000000000000000-lister/bin/lister"
+  closure+=("$store/00000000000000000000000000000000-lister")
+  for i in $(seq 1 200); do
+    mkdir -p "$store/$(printf '%032d' "$i")-padding-$i/lib"
+    closure+=("$store/$(printf '%032d' "$i")-padding-$i")
+  done
+  mkdir "$store/99999999999999999999999999999999-not-in-the-closure"
+  chmod -R a+rX "$work"
+  python3 -c 'import json, sys
+closure = sys.argv[2:]
+json.dump({"version": 1, "name": "listed", "description": "a static lister",
+           "interpreter": {"argv": [closure[0] + "/bin/lister", "{file}"], "file_name": ".main"},
+           "closure": closure, "links": {}, "limits": {}, "network": False}, open(sys.argv[1], "w"))' \
+    "$work/artifacts/listed/manifest.json" "${closure[@]}"
+  NIX_STORE_DIR=$store NIX_SANDBOX_DIR=$work/artifacts NIX_SANDBOX_BUILTIN='' \
+    "$bin" run -e listed unread >listed 2>err
+  printf '%s\n' "${closure[@]}" | xargs -n1 basename | sort >expected
+  sort listed >seen
+  check "a sandbox sees exactly its closure of 201 store paths, through a store view ($(wc -l <seen) entries)" \
+    cmp -s expected seen
+}
+
 section "$(id -un) (uid $(id -u)): $(systemctl --version | head -n1), kernel $(uname -r)"
 echo "login cgroup: $(cat /proc/self/cgroup)"
+
+section "a Nix closure"
+closure_check
 
 section "started from the login session (the daemon asks systemd for a delegated scope)"
 checks env

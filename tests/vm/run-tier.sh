@@ -41,6 +41,10 @@ if [ -z "${NSM_VM_ACCEL:-}" ] && { [ ! -w /dev/kvm ] || [ -d /sys/module/kvm_pvm
 fi
 
 cargo build --quiet --bin nix-sandbox-mcp
+# A static program for the closure check (the VM has no compiler).
+if command -v cc >/dev/null 2>&1; then
+  cc -static -O2 -o target/vm-store-lister tests/vm/store-lister.c
+fi
 [ $# -gt 0 ] || set -- bash tests/vm/limits-checks.sh target/debug/nix-sandbox-mcp
 
 failed=()

@@ -266,7 +266,7 @@ pub fn main() -> ExitCode {
     init_logging(cli.verbose, cli.stdio, running);
     // Processes a sandbox leaves behind come back to us, not to PID 1
     // (which in a container may never reap them).
-    if let Err(e) = crate::exec::spawn::become_subreaper() {
+    if let Err(e) = crate::exec::process::become_subreaper() {
         tracing::warn!("cannot become the reaper of orphaned sandbox processes: {e}");
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -70,7 +70,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             every.tick().await;
-            crate::exec::spawn::reap_orphans();
+            crate::exec::process::reap_orphans();
             tended.tend_pool().await;
         }
     });

@@ -25,7 +25,7 @@
 //!
 //! Before stage 3 a call passes **admission** (`admission.rs`): a bounded
 //! number run at once and a bounded number wait. Every process is held by
-//! pidfd and reaped in `spawn.rs`.
+//! pidfd and reaped in `process.rs`.
 
 mod admission;
 pub mod capture;
@@ -34,11 +34,13 @@ pub mod nest;
 mod outcome;
 mod pidns;
 mod prestart;
+mod probes;
+pub mod process;
 
 mod recipe;
 mod request;
 mod sandbox;
-pub mod spawn;
+mod spawn;
 mod status;
 pub mod supervise;
 mod warm;
@@ -186,6 +188,14 @@ impl Executor {
                 runtime,
                 Box::new(move |recipe| {
                     let inner = owner.upgrade()?;
+                    // Its calls bind the closure path by path now, on demand.
+                    if recipe
+                        .view
+                        .as_ref()
+                        .is_some_and(|v| v.failed.load(std::sync::atomic::Ordering::SeqCst))
+                    {
+                        return Some(Err(std::io::ErrorKind::WouldBlock.into()));
+                    }
                     let Some(reservation) =
                         inner.budget.try_reserve(recipe.env.limits.memory_bytes)
                     else {
@@ -285,6 +295,16 @@ impl Executor {
         }
         crate::jail::store_dir(store_paths)?;
         let mut views = self.inner.views.lock().unwrap();
+        // A view that could not be mounted into a sandbox is given up.
+        if let Some(Some(v)) = views.get(store_paths)
+            && v.failed.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            tracing::warn!(
+                "the closure of {} is bound path by path from now on: its store view could not be mounted into a sandbox",
+                env.name
+            );
+            views.insert(store_paths.clone(), None);
+        }
         views
             .entry(store_paths.clone())
             .or_insert_with(
@@ -330,65 +350,6 @@ impl Executor {
         for prepared in self.inner.pool.forget_all() {
             prepared.discard().await;
         }
-    }
-
-    /// Protections this host cannot give, a few words each, for the tool
-    /// description (`doctor` explains each, with its fix).
-    pub fn missing_protections(&self) -> Vec<&'static str> {
-        let layout = &self.inner.platform.layout;
-        let mut missing = Vec::new();
-        if !layout.disable_userns || !layout.add_seccomp_fd {
-            missing.push("nested user namespaces not fully blocked (old bubblewrap)");
-        }
-        if self.inner.enforcer.mechanism() == crate::limits::Mechanism::Rlimits {
-            missing.push("memory and process limits per process, not per sandbox (no cgroup)");
-        }
-        if self.inner.nest.is_err() {
-            missing.push("no bound on the number of files written");
-        }
-        missing
-    }
-
-    /// Whether sandboxes start in the nest, or why they do not.
-    pub fn nest(&self) -> Result<(), &str> {
-        self.inner.nest.as_ref().map(|_| ()).map_err(|e| e.as_str())
-    }
-
-    /// Whether closures are bound through store views, or why not: makes a
-    /// view of one directory (the server's own /etc) and drops it.
-    pub fn probe_store_view(&self) -> Result<(), String> {
-        let nest = self
-            .inner
-            .nest
-            .as_ref()
-            .map_err(|e| format!("no nest ({e})"))?;
-        if std::env::var_os(NO_VIEW_VAR).is_some_and(|v| v == "off") {
-            return Err(format!("{NO_VIEW_VAR}=off"));
-        }
-        let platform = &self.inner.platform;
-        nest.make_view(
-            &platform.view_dir,
-            std::slice::from_ref(&platform.layout.etc_dir),
-        )
-        .map(drop)
-    }
-
-    /// Whether the nest can show `project` through overlayfs (it stages a
-    /// sandbox's view of it, for a program that exits at once), or why not.
-    pub fn probe_overlay(&self, project: &std::path::Path) -> Result<(), String> {
-        let nest = self
-            .inner
-            .nest
-            .as_ref()
-            .map_err(|e| format!("no nest ({e})"))?;
-        let spec = nest::StageSpec {
-            project: Some(nest::ProjectSpec {
-                host_path: project.to_path_buf(),
-                writable: true,
-            }),
-            ..nest::StageSpec::scratch()
-        };
-        nest.probe(self.inner.platform.run_as, &spec)
     }
 
     /// Runs one call to completion (or timeout, limit, cancellation).
@@ -493,7 +454,7 @@ impl Executor {
             && self.inner.platform.layout.json_status_fd
             && !sandbox.program_ran();
         drop(sandbox);
-        spawn::reap_orphans();
+        process::reap_orphans();
         if set_up_failed {
             let message = watched.stderr.text.trim();
             return Err(ExecError::Setup(if message.is_empty() {
@@ -655,8 +616,8 @@ impl Executor {
         // Give what the sandboxes left behind a moment to come back to us
         // and be reaped, rather than leave it to PID 1.
         for _ in 0..100 {
-            spawn::reap_orphans();
-            if spawn::orphans_pending() == 0 {
+            process::reap_orphans();
+            if process::orphans_pending() == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

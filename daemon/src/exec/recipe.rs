@@ -163,7 +163,7 @@ impl Recipe {
             inherited: i.inherited,
             workdir: i.workdir.as_deref(),
             staged: stage_root,
-            store_view: view.as_ref().map(|(_, at)| *at),
+            store_view: view.as_ref().map(|_| 0),
             protected: &protected,
             caches: &caches,
             hook_vars: &hook_vars,
@@ -263,7 +263,10 @@ mod tests {
             )
             .unwrap();
             (
-                Arc::new(View { namespace }),
+                Arc::new(View {
+                    namespace,
+                    failed: Default::default(),
+                }),
                 Path::new("/run/nsm/store-view"),
             )
         });

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::net::unix::pipe;
 
 use super::admission::Reservation;
-use super::spawn::{Exit, Process, Watched};
+use super::process::{Exit, Process, Watched};
 use super::status::Status;
 use crate::limits::{Fired, Lease, Usage};
 use crate::network::{NetworkReport, Policy, Proxy, RunRecord, Serving};

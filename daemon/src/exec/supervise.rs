@@ -14,8 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{Capture, Captured};
+use super::process::Exit;
 use super::sandbox::{Channel, Sandbox};
-use super::spawn::Exit;
 use super::{Observer, Stream};
 use crate::environment::Limits;
 

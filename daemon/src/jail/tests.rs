@@ -433,10 +433,24 @@ fn a_store_view_replaces_the_closures_binds_with_one() {
         links: vec![("/bin/sh".into(), "/nix/store/ccc-bash/bin/bash".into())],
     };
     let a = options(&Call {
-        store_view: Some(Path::new("/run/nsm/store-view")),
+        store_view: Some(7),
         ..bare_call(&e, None)
     });
-    assert!(has(&a, &["--ro-bind", "/run/nsm/store-view", "/nix/store"]));
+    // The view is mounted from outside while bubblewrap writes the sync
+    // file, after every other mount and before the root goes read-only.
+    let sync = pos(
+        &a,
+        &[
+            "--dir",
+            "/nix/store",
+            "--file",
+            "7",
+            "/nix/store/.nsm-view-sync",
+        ],
+    );
+    assert!(sync > pos(&a, &["--tmpfs", "/workspace"]));
+    assert!(sync < pos(&a, &["--remount-ro", "/"]));
+    assert!(!a.iter().any(|x| x == "--ro-bind-fd"));
     assert!(
         !a.iter()
             .any(|x| x == "/nix/store/aaa-python" || x == "/nix/store/bbb-glibc")
@@ -454,10 +468,10 @@ fn a_store_view_replaces_the_closures_binds_with_one() {
         links: vec![],
     };
     let a = options(&Call {
-        store_view: Some(Path::new("/run/nsm/store-view")),
+        store_view: Some(7),
         ..bare_call(&e, None)
     });
-    assert!(!a.iter().any(|x| x == "/run/nsm/store-view"));
+    assert!(!a.iter().any(|x| x == "--file"));
     assert!(has(
         &a,
         &["--ro-bind", "/opt/store/bbb-glibc", "/opt/store/bbb-glibc"]

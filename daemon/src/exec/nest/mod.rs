@@ -23,6 +23,7 @@ pub mod view;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -108,11 +109,36 @@ impl Reaped {
 /// What a child needs to enter the nest, prepared before the fork.
 pub(super) struct Entry {
     namespaces: Arc<Namespaces>,
-    /// The store view whose mount namespace the sandbox starts from.
-    view: Option<Arc<view::View>>,
     stage: Option<stage::Plan>,
     /// The child's end of its reports (see [`Receipt`]).
     socket: OwnedFd,
+}
+
+/// Mounts a store view into one sandbox while its bubblewrap waits.
+pub(super) struct ViewAttach {
+    namespaces: Arc<Namespaces>,
+    view: Arc<view::View>,
+    view_dir: std::ffi::CString,
+    target: std::ffi::CString,
+}
+
+impl ViewAttach {
+    /// Mounts the view in the mount namespace of bubblewrap's process `pid`.
+    pub(super) fn run(&self, pid: i32) -> std::io::Result<()> {
+        let result = view::attach(
+            &self.namespaces.user,
+            &self.view,
+            &self.view_dir,
+            pid,
+            &self.target,
+        );
+        if result.is_err() {
+            self.view
+                .failed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        result
+    }
 }
 
 /// The daemon's end of a child's reports: the pid of the process that
@@ -189,7 +215,6 @@ impl Nest {
     pub(super) fn entry(
         &self,
         spec: Option<&StageSpec>,
-        view: Option<Arc<view::View>>,
         owner: Option<(u32, u32)>,
     ) -> std::io::Result<(Entry, Receipt)> {
         let (ours, theirs) = rustix::net::socketpair(
@@ -205,7 +230,6 @@ impl Nest {
         Ok((
             Entry {
                 namespaces: self.namespaces.clone(),
-                view,
                 stage,
                 socket: theirs,
             },
@@ -219,6 +243,26 @@ impl Nest {
         view::make(&user, view_dir, paths)
     }
 
+    /// What mounts `view` (made at `view_dir`) over `target` in a sandbox
+    /// being set up (see [`view::attach`]).
+    pub(super) fn view_attach(
+        &self,
+        view: Arc<view::View>,
+        view_dir: &Path,
+        target: &Path,
+    ) -> std::io::Result<ViewAttach> {
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::other("a path with a NUL byte"))
+        };
+        Ok(ViewAttach {
+            namespaces: self.namespaces.clone(),
+            view,
+            view_dir: c(view_dir)?,
+            target: c(target)?,
+        })
+    }
+
     /// Usage reports of the processes the nest's init reaps.
     pub(super) fn reaped(&self) -> &Arc<Reaped> {
         &self.reaped
@@ -228,9 +272,7 @@ impl Nest {
     /// cannot run (`/dev/null`): staging succeeds or fails before the exec,
     /// and nothing is started.
     pub fn probe(&self, run_as: Option<(u32, u32)>, spec: &StageSpec) -> Result<(), String> {
-        let (entry, receipt) = self
-            .entry(Some(spec), None, run_as)
-            .map_err(|e| e.to_string())?;
+        let (entry, receipt) = self.entry(Some(spec), run_as).map_err(|e| e.to_string())?;
         let mut cmd = Command::new("/dev/null");
         cmd.env_clear()
             .stdin(Stdio::null())
@@ -376,14 +418,6 @@ impl Entry {
         }
         // Its own process group, as the program's would be (kills reach it).
         rustix::process::setpgid(None, None).map_err(std::io::Error::from)?;
-        // The store view's mount namespace, which staging copies.
-        if let Some(view) = &self.view {
-            rustix::thread::move_into_link_name_space(
-                view.namespace.as_fd(),
-                Some(LinkNameSpaceType::Mount),
-            )
-            .map_err(|e| fail(stage::Step::StoreView, e))?;
-        }
         if let Some(plan) = &self.stage {
             match plan.apply() {
                 Ok(dir) => stage::report(&self.socket, &Ok(dir)),

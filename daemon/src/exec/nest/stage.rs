@@ -78,7 +78,6 @@ pub(in crate::exec) enum Step {
     Directories = 7,
     ProjectBind = 8,
     Overlay = 9,
-    StoreView = 10,
 }
 
 impl Step {
@@ -94,7 +93,6 @@ impl Step {
             Step::Directories,
             Step::ProjectBind,
             Step::Overlay,
-            Step::StoreView,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -112,7 +110,6 @@ impl Step {
             Step::Directories => "creating the scratch directories",
             Step::ProjectBind => "binding the project as the overlay's lower layer",
             Step::Overlay => "mounting the project's overlay",
-            Step::StoreView => "joining the store view's mount namespace",
         }
     }
 }

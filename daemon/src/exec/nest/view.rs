@@ -1,11 +1,18 @@
 //! Store views: a Nix closure's store paths, bound once per closure into a
 //! tmpfs in a mount namespace of the nest's own, so that a sandbox sees
-//! exactly its closure through one recursive bind instead of one bind per
-//! store path (bubblewrap reads the whole mount table for each bind it
-//! makes, so per-path binds cost more than linearly: see
-//! `bench/closure_binds.py`). A sandbox's child joins the view's namespace
-//! before it makes its own (see [`super::Entry::enter`]); the namespace
-//! lives as long as a descriptor on it (the daemon's, a sandbox's).
+//! exactly its closure through one mount instead of one bind per store
+//! path (bubblewrap reads the whole mount table for each bind it makes,
+//! so per-path binds cost more than linearly: see `bench/closure_binds.py`).
+//! The namespace lives as long as a descriptor on it (the daemon's, a
+//! recipe's).
+//!
+//! A sandbox gets a copy of the view, mounted over its store from outside
+//! ([`attach`]) while its bubblewrap waits, every other mount made: none
+//! of bubblewrap's binds then reads a mount table holding the view's
+//! mounts. bubblewrap waits by reading a file's content from a pipe (see
+//! `jail::Call::store_view`); the daemon fills the pipe before bubblewrap
+//! starts, so the pipe has room again exactly when bubblewrap has got that
+//! far, and closes it once the view is mounted.
 //!
 //! The view is made by a helper run from this binary (`__view`), which
 //! joins the nest's user namespace, makes the mount namespace, binds each
@@ -31,6 +38,9 @@ const READY: &[u8] = b"ready\n";
 #[derive(Debug)]
 pub struct View {
     pub(in crate::exec) namespace: OwnedFd,
+    /// Set when mounting it into a sandbox failed: closures are then bound
+    /// path by path.
+    pub(in crate::exec) failed: std::sync::atomic::AtomicBool,
 }
 
 /// Makes the view of `paths` (absolute, with no newline) at `view_dir`,
@@ -77,7 +87,10 @@ pub fn make(user_namespace: &Path, view_dir: &Path, paths: &[PathBuf]) -> Result
         )
         .map_err(|e| format!("cannot open {path}: {e}"))?;
         drop(stdin);
-        Ok(View { namespace })
+        Ok(View {
+            namespace,
+            failed: Default::default(),
+        })
     })();
     let why = super::stop_helper(&mut helper, "nix-sandbox-mcp view: ");
     result.map_err(|e| {
@@ -152,6 +165,16 @@ fn view(user_namespace: &Path, view_dir: &Path) -> std::io::Result<()> {
         read_only(&target).map_err(|e| io(&format!("making {line} read-only"), e))?;
     }
     read_only(view_dir).map_err(|e| io("making the view read-only", e))?;
+    // What each sandbox's copy will need (open_tree, Linux 5.2, which a
+    // container's seccomp profile may refuse).
+    rustix::mount::open_tree(
+        rustix::fs::CWD,
+        view_dir,
+        rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
+            | rustix::mount::OpenTreeFlags::AT_RECURSIVE
+            | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| io("copying the view (open_tree)", e))?;
     let mut out = std::io::stdout();
     out.write_all(READY)?;
     out.flush()?;
@@ -161,6 +184,102 @@ fn view(user_namespace: &Path, view_dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The steps of [`attach`], in order; the child exits with the number of
+/// the one that failed.
+const ATTACH_STEPS: [&str; 5] = [
+    "joining the nest's user namespace",
+    "joining the view's mount namespace",
+    "copying the view",
+    "joining the sandbox's mount namespace",
+    "mounting the view over the store",
+];
+
+/// Mounts a copy of `view` (at `view_dir` in its namespace) over `target`
+/// in the mount namespace of process `pid`, from a child that joins
+/// `user_namespace` (the nest's, which owns both namespaces). Blocking (a
+/// fork and five system calls; the copy is one mount per store path, made
+/// by the kernel in one go).
+pub(in crate::exec) fn attach(
+    user_namespace: &OwnedFd,
+    view: &View,
+    view_dir: &std::ffi::CStr,
+    pid: i32,
+    target: &std::ffi::CStr,
+) -> std::io::Result<()> {
+    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+    let sandbox = rustix::fs::open(
+        format!("/proc/{pid}/ns/mnt").as_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    // SAFETY: the child makes only system calls (no allocation, no lock:
+    // every path is a CStr prepared above) and ends with _exit; this
+    // process may have other threads, whose state the child never touches.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if child == 0 {
+        let cwd = rustix::fs::CWD;
+        let failed = (|| {
+            let join = |ns: &OwnedFd, kind| {
+                rustix::thread::move_into_link_name_space(ns.as_fd(), Some(kind)).is_err()
+            };
+            if join(user_namespace, LinkNameSpaceType::User) {
+                return 1;
+            }
+            if join(&view.namespace, LinkNameSpaceType::Mount) {
+                return 2;
+            }
+            let Ok(tree) = rustix::mount::open_tree(
+                cwd,
+                view_dir,
+                OpenTreeFlags::OPEN_TREE_CLONE
+                    | OpenTreeFlags::AT_RECURSIVE
+                    | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+            ) else {
+                return 3;
+            };
+            if join(&sandbox, LinkNameSpaceType::Mount) {
+                return 4;
+            }
+            match rustix::mount::move_mount(
+                tree.as_fd(),
+                c"",
+                cwd,
+                target,
+                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+            ) {
+                Ok(()) => 0,
+                Err(_) => 5,
+            }
+        })();
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(failed) };
+    }
+    let child = rustix::process::Pid::from_raw(child).expect("a child's pid is positive");
+    let status = loop {
+        match rustix::process::waitpid(Some(child), rustix::process::WaitOptions::empty()) {
+            Ok(Some((_, status))) => break status,
+            Ok(None) => continue,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    match status.exit_status() {
+        Some(0) => Ok(()),
+        Some(step) if (1..=ATTACH_STEPS.len() as i32).contains(&step) => {
+            Err(std::io::Error::other(format!(
+                "cannot mount the store view: {} failed",
+                ATTACH_STEPS[step as usize - 1]
+            )))
+        }
+        _ => Err(std::io::Error::other(format!(
+            "cannot mount the store view: its helper ended with {status:?}"
+        ))),
+    }
+}
+
 /// Makes the mount at `at` private: no mount event reaches it or leaves it,
 /// so that the many copies of a view (one per sandbox) cost the kernel no
 /// propagation bookkeeping.
@@ -168,15 +287,15 @@ fn private(at: &Path) -> Result<(), rustix::io::Errno> {
     rustix::mount::mount_change(at, rustix::mount::MountPropagationFlags::PRIVATE)
 }
 
-/// Remounts the mount at `at` read-only, keeping the flags it has: a user
-/// namespace may add flags to a mount from outside it, never drop them.
+/// Remounts the mount at `at` read-only, no set-uid, no devices, keeping
+/// the flags it has: a user namespace may add flags to a mount from
+/// outside it, never drop them.
 fn read_only(at: &Path) -> Result<(), rustix::io::Errno> {
     use rustix::fs::StatVfsMountFlags as Has;
     let has = rustix::fs::statvfs(at)?.f_flag;
-    let mut flags = MountFlags::BIND | MountFlags::RDONLY;
+    // As bubblewrap's own binds: no set-uid programs, no device nodes.
+    let mut flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV;
     for (had, keep) in [
-        (Has::NOSUID, MountFlags::NOSUID),
-        (Has::NODEV, MountFlags::NODEV),
         (Has::NOEXEC, MountFlags::NOEXEC),
         (Has::NOATIME, MountFlags::NOATIME),
         (Has::NODIRATIME, MountFlags::NODIRATIME),

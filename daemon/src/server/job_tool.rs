@@ -1,0 +1,140 @@
+//! The `job` tool and background runs: starting a job, and listing, waiting
+//! for and reading jobs.
+
+// What the server's module imports, and its items.
+use super::*;
+
+impl SandboxServer {
+    /// Starts `code` as a background job and returns at once.
+    pub(super) fn start_job(
+        &self,
+        env: Arc<Environment>,
+        code: String,
+    ) -> Result<CallToolResult, ToolError> {
+        let jobs = &self.shared.jobs;
+        let (job, cancel) = jobs.create(&env.name, env.limits, &self.shared.shutdown).map_err(|e| {
+            ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
+        })?;
+        let mut job_env = (*env).clone();
+        job_env.limits = job.limits;
+        let server = self.clone();
+        let task_job = job.clone();
+        tokio::spawn(async move {
+            let observer: Arc<dyn Observer> = task_job.clone();
+            let state = server.shared.project_state();
+            let absent = project::absent_protected(state.mount.as_ref());
+            let outcome = server
+                .shared
+                .executor
+                .run(Request {
+                    env: &job_env,
+                    code: code.as_bytes(),
+                    project: state.mount.as_ref(),
+                    inherited: &server.shared.inherited,
+                    cancel,
+                    observer: Some(observer),
+                })
+                .await;
+            let note = match &outcome {
+                Ok(o) => {
+                    server.audit(&job_env, &code, "job", Ok(o));
+                    let title = format!("{} {}", job_env.name, task_job.id);
+                    server
+                        .project_note(state.mount.as_ref(), o.upper.clone(), absent, title, None)
+                        .await
+                }
+                Err(e) => {
+                    server.audit(&job_env, &code, "job", Err(&exec_error(e)));
+                    None
+                }
+            };
+            task_job.finish(
+                outcome.map(|mut o| {
+                    // The changes are read: the layer need not be kept.
+                    o.upper = None;
+                    o
+                }),
+                note,
+            );
+        });
+        Ok(job_result::job_started(&job))
+    }
+
+    /// Handles a `job` call.
+    pub(super) async fn job(
+        &self,
+        args: Option<&JsonObject>,
+        progress: Option<Progress>,
+    ) -> CallToolResult {
+        let result = async {
+            let args = Arguments::new(
+                args,
+                tool::JOB,
+                &[
+                    "id",
+                    "wait_seconds",
+                    "kill",
+                    "stdout_offset",
+                    "stderr_offset",
+                ],
+                JOB_SHAPE,
+            )?;
+            let Some(id) = args.string("id")? else {
+                return Ok(job_result::job_list(&self.shared.jobs.list()));
+            };
+            let job = self.shared.jobs.get(&id).ok_or_else(|| {
+                let known: Vec<String> = self
+                    .shared
+                    .jobs
+                    .list()
+                    .iter()
+                    .map(|j| j.id.clone())
+                    .collect();
+                let hint = if known.is_empty() {
+                    "There are no jobs; start one with run(background=true).".to_string()
+                } else {
+                    format!("Known jobs: {}.", known.join(", "))
+                };
+                ToolError::new(
+                    ErrorCode::UnknownJob,
+                    format!("there is no job {id:?} (finished jobs are forgotten after a while)"),
+                    hint,
+                )
+            })?;
+            let wait = args.number("wait_seconds")?.unwrap_or(0.0);
+            if !(0.0..=MAX_WAIT.as_secs_f64()).contains(&wait) {
+                return Err(args.invalid(&format!(
+                    "`wait_seconds` must be between 0 and {}",
+                    MAX_WAIT.as_secs()
+                )));
+            }
+            if args.bool("kill")?.unwrap_or(false) {
+                job.kill();
+                job.wait(Duration::from_secs(5)).await;
+            } else if wait > 0.0 {
+                let reporter = progress.map(|p| {
+                    let (waited, limit) = (job.clone(), Duration::from_secs_f64(wait));
+                    progress::report(
+                        p.peer,
+                        p.token,
+                        move |_| format!("{} {}", waited.id, waited.state().as_str()),
+                        limit,
+                        p.before,
+                    )
+                });
+                job.wait(Duration::from_secs_f64(wait)).await;
+                if let Some(r) = reporter {
+                    r.abort();
+                }
+            }
+            let (stdout, stderr) = job.read(
+                args.offset("stdout_offset")?,
+                args.offset("stderr_offset")?,
+                self.output_bytes.load(Ordering::Relaxed),
+            );
+            Ok(job_result::job_status(&job, &stdout, &stderr))
+        }
+        .await;
+        result.unwrap_or_else(|e| result::error_result(&e))
+    }
+}
