@@ -219,3 +219,42 @@ def test_no_interpreter_started_for_the_old_project_runs_after_a_project_change(
             assert age is not None and age < since_change, f"started {age} s ago, the change was {since_change} s ago"
 
     run_async(t)
+
+
+@pytest.mark.parametrize("behaviour", ["prints", "raises"])
+def test_the_environments_own_sitecustomize_runs_as_on_a_cold_start(behaviour):
+    """A PYTHONPATH of the environment's own (here inherited, naming a
+    directory of the project) with a sitecustomize that prints, or fails:
+    the code sees the same sys.path, variable and module, and the same
+    output, pre-started or not."""
+    from harness import readable_tmpdir, write_config
+
+    project = readable_tmpdir() / "project"
+    (project / "site").mkdir(parents=True)
+    body = "import sys\nsys.stderr.write('the site ran\\n')\nsys.site_marker = 1\n"
+    if behaviour == "raises":
+        body += "raise RuntimeError('a broken site')\n"
+    (project / "site" / "sitecustomize.py").write_text(body)
+    for p in (project, project / "site", project / "site" / "sitecustomize.py"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    config = write_config('[project.inherit_env]\nvars = ["PYTHONPATH"]\n')
+    probe = AGE + """import os, sys
+print(sys.path, os.environ.get('PYTHONPATH'), 'sitecustomize' in sys.modules, getattr(sys, 'site_marker', None))
+print('AGE', _age(), file=sys.stderr)
+"""
+
+    def answer(warm: bool) -> tuple:
+        async def go():
+            env = {"NIX_SANDBOX_WARM_START": "on" if warm else "off", "PYTHONPATH": "/project/site"}
+            async with session(config=config, project=str(project), env=env) as s:
+                if warm:
+                    await wait_for_waiting_interpreter(".main.py")
+                sc, text, _ = await call(s, "python", probe)
+                return sc.get("stdout"), split_age(sc.get("stderr", ""))
+        return run_async(go)
+
+    c_out, (c_err, _) = answer(False)
+    w_out, (w_err, w_age) = answer(True)
+    assert (w_out, w_err) == (c_out, c_err), f"pre-started {w_out!r} {w_err!r}, cold {c_out!r} {c_err!r}"
+    assert "/project/site" in c_out and "the site ran" in c_err, (c_out, c_err)
+    assert w_age is not None and w_age >= 0.3, w_age

@@ -10,11 +10,11 @@
 //!   text and closes the pipe; the text closes the descriptor, unsets the
 //!   variable and leaves `$_` as a cold start has it.
 //! - python: `PYTHONPATH` with a directory on the staged /tmp in front,
-//!   holding a `sitecustomize` that blocks reading one byte from the pipe,
-//!   then removes every trace of itself (the descriptor, the directory,
-//!   its `sys.path` and importer-cache entries, the variable's value) and
-//!   imports the environment's own `sitecustomize`, if there is one, in
-//!   its place.
+//!   holding a `sitecustomize` that removes every trace of itself (the
+//!   directory, its `sys.path` and importer-cache entries, the variable's
+//!   value), imports the environment's own `sitecustomize`, if there is
+//!   one, in its place (as a cold start would have by then), and last
+//!   blocks reading one byte from the pipe, which it then closes.
 //! - node: `NODE_OPTIONS=--require` of a file in that directory, the same
 //!   way (the preload also leaves `require.cache`).
 //!
@@ -181,9 +181,7 @@ impl Warm {
         let dir = literal(&hook_dir());
         format!(
             r#"import os, sys
-def _wait():
-    os.read({go}, 1)
-    os.close({go})
+def _leave():
     here = {dir}
     while here in sys.path:
         sys.path.remove(here)
@@ -195,9 +193,13 @@ def _wait():
         for name in dirs:
             os.rmdir(os.path.join(top, name))
     os.rmdir(here)
-_wait()
+_leave()
 del sys.modules['sitecustomize']
-import sitecustomize
+try:
+    import sitecustomize
+finally:
+    os.read({go}, 1)
+    os.close({go})
 "#
         )
     }
