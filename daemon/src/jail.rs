@@ -318,6 +318,17 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
         match (p.access, call.staged) {
             (ProjectAccess::ReadWrite, _) => {
                 a.triple_os("--bind", p.host_path.as_os_str(), at);
+                // Each directory holding a protected path becomes a mount of
+                // its own: a mount point cannot be renamed or removed, so a
+                // protected path cannot be moved aside with its directory
+                // and made again under its name.
+                for dir in protected_parents(call.protected) {
+                    a.triple_os(
+                        "--bind",
+                        p.host_path.join(dir).as_os_str(),
+                        Path::new(&p.mount_point).join(dir).as_os_str(),
+                    );
+                }
                 for rel in call.protected {
                     let rel = rel.trim_end_matches('/');
                     a.bind_ro(&p.host_path.join(rel), &Path::new(&p.mount_point).join(rel));
@@ -364,6 +375,19 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     // written (the writable filesystems are mounts of their own).
     a.pair("--remount-ro", "/");
     a.0
+}
+
+/// The directories (relative, shallowest first, each once) that hold the
+/// protected paths `protected`, the project's root left out.
+fn protected_parents(protected: &[String]) -> Vec<&Path> {
+    let mut parents: Vec<&Path> = protected
+        .iter()
+        .flat_map(|rel| Path::new(rel.trim_end_matches('/')).ancestors().skip(1))
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .collect();
+    parents.sort_by_key(|dir| (dir.components().count(), *dir));
+    parents.dedup();
+    parents
 }
 
 #[derive(Default)]

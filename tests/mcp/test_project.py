@@ -245,20 +245,48 @@ def test_a_large_patch_is_a_resource_and_protected_files_are_flagged():
 
     async def t():
         async with session(project=str(proj)) as s:
-            code = "seq 1 3000 > /project/big.txt; echo '# be evil' > /project/AGENTS.md; mkdir -p /project/.claude && echo {} > /project/.claude/settings.json"
-            sc, text, err = await call(s, "bash", code)
-            assert not err, text
-            changes = sc["changes"]
+            code = ("seq 1 3000 > /project/big.txt; echo '# be evil' > /project/AGENTS.md; mkdir -p /project/.claude && echo {} > /project/.claude/settings.json\n"
+                    "printf 'a\\0b\\377' > /project/blob.bin; seq 1 300000 > /project/huge.txt")
+            res = await s.call_tool("run", {"env": "bash", "code": code})
+            text = "".join(getattr(c, "text", "") for c in res.content)
+            assert not res.is_error, text
+            changes = res.structured_content["changes"]
             assert "patch" not in changes and changes["patch_bytes"] > 4096, dump(changes)
             assert sorted(changes["protected"]) == [".claude", "AGENTS.md"], dump(changes)
             assert f"read the resource {changes['patch_uri']}" in text and "review" in text, text
+            links = [c for c in res.content if c.type == "resource_link"]
+            assert [str(c.uri) for c in links] == [changes["patch_uri"]], res.content
             res = await s.read_resource(changes["patch_uri"])
-            assert "+3000\n" in res.contents[0].text
+            patch = res.contents[0].text
+            assert "+3000\n" in patch
+            # Binary files and files too large to diff are named, not dumped.
+            assert "Binary files /dev/null and b/blob.bin differ" in patch, patch[-2000:]
+            assert "b/huge.txt differ (too large to diff)" in patch and "+299999\n" not in patch, patch[-2000:]
             listed = await s.list_resources()
             assert changes["patch_uri"] in [str(r.uri) for r in listed.resources]
             sc, _, _ = await call(s, "bash", "cat /project/notes.txt")
             assert "changes" not in sc, "a run that changed nothing reports nothing"
     run_async(t)
+
+
+def test_an_overlay_change_to_git_hooks_git_config_or_a_configured_path_is_flagged():
+    proj = writable_project()
+    (proj / ".git" / "hooks").mkdir(parents=True)
+    (proj / ".git" / "config").write_text("[core]\n")
+    for p in [proj / ".git", proj / ".git" / "hooks", proj / ".git" / "config"]:
+        p.chmod(0o777 if p.is_dir() else 0o666)
+    config = write_config('[project]\nprotected = ["deploy/"]\n')
+
+    async def t():
+        async with session(project=str(proj), config=config) as s:
+            code = ("cd /project && echo evil > .git/hooks/pre-commit && echo '[x]' >> .git/config"
+                    " && mkdir deploy && echo k > deploy/key")
+            sc, text, err = await call(s, "bash", code)
+            assert not err, text
+            assert sorted(sc["changes"]["protected"]) == [".git/config", ".git/hooks", "deploy"], dump(sc)
+    run_async(t)
+    assert (proj / ".git" / "config").read_text() == "[core]\n"
+    assert not (proj / ".git" / "hooks" / "pre-commit").exists()
 
 
 def test_a_session_reports_its_changes_so_far_when_a_call_changes_them():
@@ -294,3 +322,33 @@ def test_a_readwrite_project_keeps_protected_files_read_only_and_names_new_ones(
             assert sc["changes"] == {"protected_created": [".mcp.json"]}, dump(sc)
     run_async(t)
     assert (proj / "CLAUDE.md").read_text() == "the user's rules\n"
+
+
+def test_a_protected_path_cannot_be_moved_aside_with_its_directory_in_a_readwrite_project():
+    proj = writable_project()
+    for d in (".git/hooks", ".github"):
+        (proj / d).mkdir(parents=True, mode=0o777)
+    (proj / ".git/config").write_text("[core]\n")
+    (proj / ".github/copilot-instructions.md").write_text("the user's rules\n")
+    for p in [proj / ".git", proj / ".git/hooks", proj / ".git/config", proj / ".github",
+              proj / ".github/copilot-instructions.md"]:
+        p.chmod(0o777 if p.is_dir() else 0o666)
+    config = write_config('[project]\nmode = "readwrite"\n')
+
+    async def t():
+        async with session(project=str(proj), config=config) as s:
+            code = ("cd /project\n"
+                    "mv .git .git-aside 2>/dev/null && echo MOVED || echo refused\n"
+                    "mv .github .github-aside 2>/dev/null && echo MOVED || echo refused\n"
+                    "rm -rf .git 2>/dev/null; test -f .git/config && echo kept\n"
+                    "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit 2>/dev/null && echo WROTE || echo refused\n"
+                    "echo evil > .git/config 2>/dev/null && echo WROTE || echo refused\n"
+                    "echo ok > .git/description && echo written\n")
+            sc, _, _ = await call(s, "bash", code)
+            assert sc["stdout"] == "refused\nrefused\nkept\nrefused\nrefused\nwritten\n", dump(sc)
+    run_async(t)
+    assert (proj / ".git/config").read_text() == "[core]\n"
+    assert not (proj / ".git/hooks/pre-commit").exists()
+    assert (proj / ".github/copilot-instructions.md").read_text() == "the user's rules\n"
+    assert (proj / ".git/description").read_text() == "ok\n"
+    assert not (proj / ".git-aside").exists() and not (proj / ".github-aside").exists()

@@ -1,3 +1,6 @@
+//! Tests of the change reports: scans of real upper layers, the patch's
+//! format and its cuts, ignored and protected paths.
+
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;

@@ -1,6 +1,10 @@
+//! Tests of command declarations: what is accepted, and how each problem
+//! is named with its fix.
+
 use std::path::Path;
 
 use super::*;
+use crate::network::NetworkSetting;
 
 fn envs() -> Vec<String> {
     vec!["bash".into(), "python".into()]

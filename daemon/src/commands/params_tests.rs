@@ -1,3 +1,6 @@
+//! Tests of declared parameters: their checks, and the values a call may
+//! and may not give them.
+
 use super::*;
 
 fn param(toml_text: &str) -> Result<Param, DeclProblem> {

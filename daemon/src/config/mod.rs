@@ -5,6 +5,7 @@
 //! (`schema.rs`, which the Nix side reads); knows nothing about how environments
 //! are resolved or run. Value types with their own rules are in `values.rs`.
 
+pub mod commands;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -31,7 +32,7 @@ pub struct Config {
     pub environments: Option<BTreeMap<String, EnvironmentSettings>>,
     /// `[commands.NAME]`: declared commands, validated by `commands` once
     /// the environments are known.
-    pub commands: BTreeMap<String, crate::commands::CommandDecl>,
+    pub commands: BTreeMap<String, commands::CommandDecl>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default, JsonSchema)]
@@ -216,7 +217,7 @@ struct RawConfig {
     project: RawProject,
     environments: Option<BTreeMap<EnvName, EnvironmentSettings>>,
     #[serde(default)]
-    commands: BTreeMap<crate::commands::declaration::CommandName, crate::commands::CommandDecl>,
+    commands: BTreeMap<commands::CommandName, commands::CommandDecl>,
 }
 
 #[derive(Deserialize, Default, JsonSchema)]

@@ -25,8 +25,8 @@ pub fn json_schema() -> Value {
         "reservedVariables": RESERVED_VARS,
         "environmentName": {"pattern": ENV_NAME_PATTERN, "expected": ENV_NAME_RULE},
         "commandName": {
-            "pattern": crate::commands::declaration::NAME_PATTERN,
-            "expected": crate::commands::declaration::NAME_RULE,
+            "pattern": super::commands::NAME_PATTERN,
+            "expected": super::commands::NAME_RULE,
         },
     });
     schema

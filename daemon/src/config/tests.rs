@@ -1,3 +1,6 @@
+//! Tests of the configuration file: what it accepts, what it refuses and
+//! how each refusal names the file, line and key.
+
 use super::*;
 
 fn parse_str(text: &str) -> Result<Config, ConfigError> {

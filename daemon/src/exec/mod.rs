@@ -55,7 +55,7 @@ use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
 pub use admission::{Queue, Slot, default_budget_mib};
-pub(crate) use outcome::attribute_limits;
+pub(crate) use outcome::Counted;
 pub use outcome::{LimitKind, Outcome};
 pub use request::{AGENT_DIR, AgentRequest, Argv, Bounds, Request, code_problem};
 pub use sandbox::Sandbox;
@@ -426,7 +426,7 @@ impl Executor {
         if let Some(o) = &req.observer {
             o.started();
         }
-        let watched = supervise(
+        let mut watched = supervise(
             &mut sandbox,
             &mut RunOnce,
             Watch {
@@ -466,34 +466,23 @@ impl Executor {
                 message.to_string()
             }));
         }
-        let ours = match watched.end {
-            End::Timeout => Some(LimitKind::Timeout),
-            End::Output => Some(LimitKind::Output),
-            End::Cpu => Some(LimitKind::Cpu),
-            _ => None,
-        };
         let fallback = init_usage.or(watched.exit.map(|e| (e.cpu, e.max_rss_bytes)));
         let usage = Usage {
             cpu: counted.cpu.or(fallback.map(|(cpu, _)| cpu)),
             peak_memory_bytes: counted.peak_memory_bytes.or(fallback.map(|(_, rss)| rss)),
         };
-        let (exit_code, signal) = outcome::interpret(watched.exit.map(|e| e.status));
-        let mut outcome = Outcome {
-            exit_code,
-            signal,
-            stdout: watched.stdout,
-            stderr: watched.stderr,
-            duration,
-            timed_out: matches!(watched.end, End::Timeout),
-            cancelled: matches!(watched.end, End::Cancelled),
-            limit: None,
-            limits_reached: Vec::new(),
-            usage,
-            network,
-            upper,
-        };
-        attribute_limits(&mut outcome, ours, fired);
-        Ok(outcome)
+        let status = outcome::interpret(watched.exit.map(|e| e.status));
+        Ok(Outcome::of_call(
+            &mut watched,
+            status,
+            Counted {
+                duration,
+                usage,
+                network,
+                upper,
+                fired,
+            },
+        ))
     }
 
     /// Starts a sandbox running a session's agent, with a control channel:

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::capture::Captured;
+use super::supervise::{End, Supervised};
 use crate::limits::{Fired, Usage};
 use crate::network::NetworkReport;
 
@@ -65,11 +66,48 @@ impl Outcome {
     pub fn succeeded(&self) -> bool {
         self.exit_code == Some(0) && self.limit.is_none() && !self.cancelled
     }
+
+    /// The outcome of a call the supervisor watched to `watched`'s end, the
+    /// program's exit read as `status` (exit code, signal): one run's and
+    /// one session call's alike.
+    pub(crate) fn of_call<R>(
+        watched: &mut Supervised<R>,
+        status: (Option<i32>, Option<i32>),
+        counted: Counted,
+    ) -> Outcome {
+        let (exit_code, signal) = status;
+        let mut o = Outcome {
+            exit_code,
+            signal,
+            stdout: std::mem::take(&mut watched.stdout),
+            stderr: std::mem::take(&mut watched.stderr),
+            duration: counted.duration,
+            timed_out: matches!(watched.end, End::Timeout),
+            cancelled: matches!(watched.end, End::Cancelled),
+            limit: None,
+            limits_reached: Vec::new(),
+            usage: counted.usage,
+            network: counted.network,
+            upper: counted.upper,
+        };
+        attribute_limits(&mut o, watched.end.limit(), counted.fired);
+        o
+    }
+}
+
+/// What a call's sandbox counted and kept while the supervisor watched.
+pub(crate) struct Counted {
+    pub duration: Duration,
+    pub usage: Usage,
+    pub network: Option<NetworkReport>,
+    pub upper: Option<Arc<OwnedFd>>,
+    /// The limits the kernel reports reached.
+    pub fired: Fired,
 }
 
 /// Decides which limit ended the run from what we saw (`ours`: the
 /// supervisor's own kill) and what the kernel counted.
-pub(crate) fn attribute_limits(o: &mut Outcome, ours: Option<LimitKind>, fired: Fired) {
+fn attribute_limits(o: &mut Outcome, ours: Option<LimitKind>, fired: Fired) {
     let mut reached = Vec::new();
     reached.extend(ours);
     if fired.memory {

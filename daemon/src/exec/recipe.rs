@@ -215,19 +215,29 @@ impl Recipe {
 }
 
 /// The protected paths of a read-write project that exist on the host as
-/// files or directories (a symlink is not followed: binding its target
-/// could show the sandbox a host file).
+/// files or directories, in directories that are directories too (a
+/// symlink is not followed: binding its target could show the sandbox a
+/// host file, and the jail binds each of those directories as well).
 fn existing_protected(project: Option<&ProjectMount>) -> Vec<String> {
     let Some(p) = project.filter(|p| p.access == ProjectAccess::ReadWrite) else {
         return Vec::new();
     };
+    let real = |rel: &std::path::Path, leaf: bool| {
+        p.host_path
+            .join(rel)
+            .symlink_metadata()
+            .is_ok_and(|m| m.is_dir() || (leaf && m.is_file()))
+    };
     p.protected
         .iter()
         .filter(|rel| {
-            p.host_path
-                .join(rel.trim_end_matches('/'))
-                .symlink_metadata()
-                .is_ok_and(|m| m.is_file() || m.is_dir())
+            let rel = std::path::Path::new(rel.trim_end_matches('/'));
+            real(rel, true)
+                && rel
+                    .ancestors()
+                    .skip(1)
+                    .filter(|dir| !dir.as_os_str().is_empty())
+                    .all(|dir| real(dir, false))
         })
         .cloned()
         .collect()

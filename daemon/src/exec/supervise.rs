@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{Capture, Captured};
+use super::outcome::LimitKind;
 use super::process::Exit;
 use super::sandbox::{Channel, Sandbox};
 use super::{Observer, Stream};
@@ -81,6 +82,16 @@ impl<R> End<R> {
     /// True when the sandbox is gone (ended by itself or killed).
     pub fn sandbox_ended(&self) -> bool {
         !matches!(self, End::Replied(_))
+    }
+
+    /// The limit the supervisor itself enforced to end the call, if it did.
+    pub fn limit(&self) -> Option<LimitKind> {
+        match self {
+            End::Timeout => Some(LimitKind::Timeout),
+            End::Output => Some(LimitKind::Output),
+            End::Cpu => Some(LimitKind::Cpu),
+            _ => None,
+        }
     }
 }
 

@@ -1,3 +1,6 @@
+//! Tests of the sandbox policy on the argv itself: every rule as the
+//! bubblewrap options it becomes.
+
 use super::*;
 use crate::environment::{Limits, Origin};
 use crate::network::NetworkSetting;
@@ -251,6 +254,58 @@ fn a_read_write_project_keeps_its_protected_files_read_only() {
     ] {
         assert!(pos(&a, &["--ro-bind", host, inside]) > project, "{inside}");
     }
+}
+
+#[test]
+fn directories_holding_protected_paths_are_mounts_before_the_paths_in_them() {
+    let existing = [
+        ".git/hooks/".to_string(),
+        ".git/config".to_string(),
+        "a/b/c.md".to_string(),
+        "CLAUDE.md".to_string(),
+    ];
+    let p = ProjectMount {
+        host_path: "/home/u/proj".into(),
+        mount_point: "/project".into(),
+        access: ProjectAccess::ReadWrite,
+        overlay: false,
+        downgraded: false,
+        protected: existing.to_vec(),
+    };
+    let env = env();
+    let a = options(&Call {
+        protected: &existing,
+        ..bare_call(&env, Some(&p))
+    });
+    let binds: Vec<_> = a
+        .windows(3)
+        .filter(|w| w[0] == "--bind" && w[2].starts_with("/project/"))
+        .map(|w| w[2].clone())
+        .collect();
+    // Each once, a directory before the directories in it.
+    assert_eq!(binds, ["/project/.git", "/project/a", "/project/a/b"]);
+    let git = pos(&a, &["--bind", "/home/u/proj/.git", "/project/.git"]);
+    assert!(pos(&a, &["--bind", "/home/u/proj", "/project"]) < git);
+    assert!(
+        git < pos(
+            &a,
+            &[
+                "--ro-bind",
+                "/home/u/proj/.git/hooks",
+                "/project/.git/hooks"
+            ]
+        )
+    );
+    assert!(
+        git < pos(
+            &a,
+            &[
+                "--ro-bind",
+                "/home/u/proj/.git/config",
+                "/project/.git/config"
+            ]
+        )
+    );
 }
 
 #[test]

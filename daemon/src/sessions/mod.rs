@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::environment::{Environment, InterpreterKind};
 use crate::exec::{
-    AgentRequest, End, ExecError, Executor, LimitKind, Observer, Outcome, Sandbox, Watch,
-    attribute_limits, supervise,
+    AgentRequest, Counted, End, ExecError, Executor, LimitKind, Observer, Outcome, Sandbox, Watch,
+    supervise,
 };
 use crate::jail::ProjectMount;
 
@@ -389,7 +389,7 @@ async fn run_call(
     let start = Instant::now();
     sandbox.resume();
     sandbox.begin_call();
-    let watched = supervise(
+    let mut watched = supervise(
         sandbox,
         &mut agent::Call::new(id, code),
         Watch {
@@ -407,32 +407,27 @@ async fn run_call(
         // Nothing the code left running may use the CPU until the next call.
         sandbox.pause();
     }
-    let cancelled = matches!(watched.end, End::Cancelled);
     let killed = (None, Some(libc::SIGKILL));
-    let ((exit_code, signal), ours, exited) = match &watched.end {
-        End::Replied(r) => ((Some(r.status.unwrap_or(1)), None), None, r.exited),
-        End::Exited(e) => (crate::exec::interpret_exit(e.status), None, false),
-        End::Timeout => (killed, Some(LimitKind::Timeout), false),
-        End::Output => (killed, Some(LimitKind::Output), false),
-        End::Cpu => (killed, Some(LimitKind::Cpu), false),
-        End::Cancelled | End::ReplyOverflow => (killed, None, false),
-        End::Broken => ((None, None), None, false),
+    let (status, exited) = match &watched.end {
+        End::Replied(r) => ((Some(r.status.unwrap_or(1)), None), r.exited),
+        End::Exited(e) => (crate::exec::interpret_exit(e.status), false),
+        End::Broken => ((None, None), false),
+        End::Timeout | End::Output | End::Cpu | End::Cancelled | End::ReplyOverflow => {
+            (killed, false)
+        }
     };
-    let mut outcome = Outcome {
-        exit_code,
-        signal,
-        stdout: watched.stdout,
-        stderr: watched.stderr,
-        duration: start.elapsed(),
-        timed_out: ours == Some(LimitKind::Timeout),
-        cancelled,
-        limit: None,
-        limits_reached: Vec::new(),
-        usage,
-        network,
-        upper,
-    };
-    attribute_limits(&mut outcome, ours, fired);
+    let (exit_code, signal) = status;
+    let outcome = Outcome::of_call(
+        &mut watched,
+        status,
+        Counted {
+            duration: start.elapsed(),
+            usage,
+            network,
+            upper,
+            fired,
+        },
+    );
     let killed = |cause: String| {
         Some(Reset {
             cause,

@@ -1,3 +1,6 @@
+//! Tests of the systemd delegation: finding our cgroup, deciding whether
+//! it is delegated to us, and the D-Bus conversation.
+
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 

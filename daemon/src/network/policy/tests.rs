@@ -1,3 +1,6 @@
+//! Tests of the allowlist: how entries parse and which hosts and ports
+//! they let through.
+
 use super::*;
 
 fn policy(entries: &[&str]) -> Policy {

@@ -1,3 +1,6 @@
+//! Tests of host mode: presets, and which directories of the host a
+//! sandbox is shown for an interpreter (never a home or a secret).
+
 use std::path::Path;
 
 use super::find::*;
