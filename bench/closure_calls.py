@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""A closure's size, seen through the server: two artifacts that differ only
-in closure size (a static program plus empty padding store paths, in a store
-of the bench's own: NIX_STORE_DIR), served with store views (the default)
-and bound path by path (NIX_SANDBOX_STORE_VIEW=off), against bare bubblewrap
-binding the same closure path by path. Rows, per closure size:
+"""A closure's size, seen through the server, per interpreter: bash, python
+and node, each in a store of the bench's own (NIX_STORE_DIR) as a closure of
+10 and of 200 store paths (the interpreter, the libraries it loads, and
+empty padding paths), served with store views (the default) and bound path
+by path (NIX_SANDBOX_STORE_VIEW=off). Rows, per interpreter and closure size:
 
-  host                the program started directly, no sandbox
-  bare bwrap          bubblewrap starting the program, one bind per path
-  MCP warm            one call at a time, the pool refilled between calls
-                      (what a call costs when a sandbox is ready)
-  MCP back-to-back    calls with no pause (the pool cannot keep up: each
-                      call waits for a sandbox to be set up), calls/s, and
-                      what one such call costs (a cold pool), ms
+  host                the interpreter started directly, no sandbox
+  bare bwrap          bubblewrap starting it, one bind per store path
+  warm                one call at a time, the pool refilled between calls
+                      (a sandbox ready, its interpreter pre-started)
+  cold pool           one call at a time with no sandbox kept ready
+                      (NIX_SANDBOX_POOL=off): the call sets its own up
+  back-to-back        calls with no pause, calls/s (the pool cannot keep
+                      up: each call waits for a sandbox to be set up)
+
+The interpreters are the host's own, copied into the bench's store with the
+libraries `ldd` names (linked where the sandbox's loader looks for them),
+python with its standard library: what an environment built by Nix holds,
+at the sizes of a small and of a large closure.
 
 usage: bench/closure_calls.py [--bin target/release/nix-sandbox-mcp] [--runs 40] [--seconds 4] [--sizes 10,200]
 """
@@ -22,53 +28,129 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
 from bench import ROOT, Server
 
-TRUE_C = "int main(void) { return 0; }\n"
+# name: (host program, interpreter kind, code, code file name)
+PROGRAMS = {
+    "bash": ("bash", "bash", ":\n", ".main.sh"),
+    "python": ("python3", "python", "pass\n", ".main.py"),
+    "node": ("node", "node", "0\n", ".main.js"),
+}
+# Where the daemon accepts an artifact's links (registry/artifact.rs): a link
+# is a file directly in one of these.
+LINK_DIRS = {"/bin", "/usr/bin", "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/share"}
 
 
-def make_store(top: pathlib.Path, sizes: list[int]) -> tuple[pathlib.Path, pathlib.Path, dict[int, list[str]]]:
-    """A store with a static program and padding, and one artifact per size."""
+def store_path(store: pathlib.Path, n: int, name: str) -> pathlib.Path:
+    return store / f"{n:032d}-{name}"
+
+
+def loaded_libraries(program: str) -> list[pathlib.Path]:
+    """The shared objects `program` loads, its loader included (ldd)."""
+    out = subprocess.run(["ldd", program], capture_output=True, text=True).stdout
+    found = re.findall(r"(?:=>\s*)?(/\S+)\s+\(0x", out)
+    return [pathlib.Path(p) for p in found]
+
+
+def links_for(libraries: list[pathlib.Path], libs: pathlib.Path) -> dict[str, str] | None:
+    """Links that show `libs` (a copy of the host's tree) where the loader
+    looks: each library's directory when that is linkable, else the file.
+    None when a library sits where no link may go."""
+    links = {}
+    for lib in libraries:
+        if str(lib.parent.parent) in LINK_DIRS:
+            links[str(lib.parent)] = str(libs / lib.parent.relative_to("/"))
+        elif str(lib.parent) in LINK_DIRS:
+            links[str(lib)] = str(libs / lib.relative_to("/"))
+        else:
+            return None
+    return links
+
+
+def make_store(top: pathlib.Path, sizes: list[int]) -> tuple[pathlib.Path, dict]:
+    """The bench's store and one artifact per interpreter and size; returns
+    the store and, per artifact name, (interpreter, closure, links)."""
     store = top / "store"
-    program = store / ("0" * 32 + "-static-true")
-    (program / "bin").mkdir(parents=True)
-    source = top / "true.c"
-    source.write_text(TRUE_C)
-    subprocess.run(["cc", "-static", "-O2", "-o", str(program / "bin" / "true"), str(source)], check=True)
-    padding = []
-    for i in range(max(sizes)):
-        p = store / f"{i + 1:032d}-padding-{i}"
-        (p / "lib").mkdir(parents=True)
-        padding.append(str(p))
     artifacts = top / "artifacts"
-    closures = {}
-    for n in sizes:
-        closure = [str(program)] + padding[: n - 1]
-        closures[n] = closure
-        d = artifacts / f"c{n}"
-        d.mkdir(parents=True)
-        (d / "manifest.json").write_text(json.dumps({
-            "version": 1, "name": f"c{n}", "description": f"a static program, {n} store paths",
-            "interpreter": {"argv": [str(program / "bin" / "true"), "{file}"], "file_name": ".main"},
-            "closure": closure, "links": {}, "limits": {}, "network": False,
-        }))
+    libs = store_path(store, 1, "host-libs")
+    made = {}
+    padding = [store_path(store, 100 + i, f"padding-{i}") for i in range(max(sizes))]
+    for p in padding:
+        (p / "lib").mkdir(parents=True)
+    for index, (name, (program, kind, _, file_name)) in enumerate(PROGRAMS.items()):
+        # The system's own first (as bench.py), not a version manager's shim.
+        host = next((c for c in (f"/usr/bin/{program}", shutil.which(program)) if c and os.path.exists(c)), None)
+        if host is None:
+            print(f"{name}: no {program} on this host, left out", file=sys.stderr)
+            continue
+        real = pathlib.Path(os.path.realpath(host))
+        libraries = loaded_libraries(str(real))
+        links = links_for(libraries, libs)
+        if links is None:
+            print(f"{name}: a library of {real} cannot be linked into a closure, left out", file=sys.stderr)
+            continue
+        for lib in libraries:
+            copy = libs / lib.relative_to("/")
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(lib), copy)
+        prefix = store_path(store, 10 + index, name)
+        (prefix / "bin").mkdir(parents=True)
+        interpreter = prefix / "bin" / real.name
+        shutil.copy2(real, interpreter)
+        if kind == "python":
+            # The standard library where the interpreter looks for it, next
+            # to its own prefix.
+            stdlib = subprocess.run([str(real), "-c", "import sysconfig; print(sysconfig.get_path('stdlib'))"],
+                                    capture_output=True, text=True, check=True).stdout.strip()
+            shutil.copytree(stdlib, prefix / "lib" / pathlib.Path(stdlib).name, symlinks=False,
+                            ignore_dangling_symlinks=True)
+        for n in sizes:
+            closure = [str(prefix), str(libs)] + [str(p) for p in padding[: max(n - 2, 0)]]
+            artifact = f"{name}{n}"
+            d = artifacts / artifact
+            d.mkdir(parents=True)
+            (d / "manifest.json").write_text(json.dumps({
+                "version": 1, "name": artifact, "description": f"{name}, {n} store paths",
+                "interpreter": {"argv": [str(interpreter), "{file}"], "file_name": file_name, "kind": kind},
+                "closure": closure, "links": links, "limits": {}, "network": False,
+            }))
+            made[artifact] = (str(interpreter), closure, links)
     for p in [top, *top.rglob("*")]:
-        if p.is_dir():
+        if p.is_dir() and not p.is_symlink():
             p.chmod(0o755)
-    return store, artifacts, closures
+    return store, made
 
 
-def bare(closure: list[str], program: str) -> list[str]:
+def bare(closure: list[str], links: dict[str, str], program: str, script: str) -> list[str]:
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for p in closure:
         args += ["--ro-bind", p, p]
-    return args + [program]
+    for link, target in links.items():
+        args += ["--symlink", target, link]
+    return args + ["--ro-bind", script, "/s", program, "/s"]
+
+
+def median_ms(fn, runs: int, pause: float = 0.0) -> float:
+    times = []
+    for _ in range(runs):
+        if pause:
+            time.sleep(pause)
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def quiet(argv: list[str]) -> None:
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -78,49 +160,62 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--sizes", default="10,200")
     a = ap.parse_args()
-    if shutil.which("cc") is None:
-        raise SystemExit("closure_calls.py needs cc (a static program for the closure)")
+    if shutil.which("ldd") is None:
+        raise SystemExit("closure_calls.py needs ldd (to copy the interpreters' libraries into its store)")
     sizes = [int(s) for s in a.sizes.split(",")]
+    if min(sizes) < 2:
+        raise SystemExit("--sizes: a closure holds at least the interpreter and its libraries (2 paths)")
     # Not under /tmp, which every sandbox has its own of.
     top = pathlib.Path(tempfile.mkdtemp(prefix="nsm-closures-", dir="/var/tmp"))
     try:
-        store, artifacts, closures = make_store(top, sizes)
-        program = closures[sizes[0]][0] + "/bin/true"
-        base_env = {"NIX_STORE_DIR": str(store), "NIX_SANDBOX_DIR": str(artifacts), "NIX_SANDBOX_BUILTIN": ""}
-        host = []
-        for _ in range(a.runs):
-            t = time.perf_counter()
-            subprocess.run([program], check=True)
-            host.append((time.perf_counter() - t) * 1000)
-        print(f"host process: {statistics.median(host):.2f} ms")
-        print(f"{'closure':>8} {'bare bwrap ms':>14} {'ways':>16} {'warm ms':>8} {'÷ bare':>7} {'back-to-back /s':>16} {'cold ms':>8}")
-        for n in sizes:
-            bare_ms = []
-            for _ in range(a.runs):
-                t = time.perf_counter()
-                subprocess.run(bare(closures[n], program), check=True)
-                bare_ms.append((time.perf_counter() - t) * 1000)
-            bare_med = statistics.median(bare_ms)
-            for way, extra in (("store view", {}), ("path by path", {"NIX_SANDBOX_STORE_VIEW": "off"})):
-                server = Server(a.bin, {**base_env, **extra}, ["--config", "/dev/null"])
-                try:
-                    server.request("tools/list", {})
-                    warm = []
-                    for _ in range(a.runs):
-                        time.sleep(0.25)
-                        t = time.perf_counter()
-                        server.run(f"c{n}", ":")
-                        warm.append((time.perf_counter() - t) * 1000)
+        store, made = make_store(top, sizes)
+        base_env = {"NIX_STORE_DIR": str(store), "NIX_SANDBOX_DIR": str(top / "artifacts"),
+                    "NIX_SANDBOX_BUILTIN": "", "RUST_LOG": "error"}
+        scripts = {}
+        for name, (_, _, code, file_name) in PROGRAMS.items():
+            scripts[name] = top / f"script{file_name}"
+            scripts[name].write_text(code)
+            scripts[name].chmod(0o644)
+        rows = {}
+        for artifact, (interpreter, closure, links) in made.items():
+            name = artifact.rstrip("0123456789")
+            rows[artifact] = {
+                "host": median_ms(lambda: quiet([interpreter, str(scripts[name])]), a.runs),
+                "bare": median_ms(lambda: quiet(bare(closure, links, interpreter, str(scripts[name]))), a.runs),
+            }
+        ways = (("store view", {}), ("path by path", {"NIX_SANDBOX_STORE_VIEW": "off"}))
+        for way, extra in ways:
+            server = Server(a.bin, {**base_env, **extra}, ["--config", "/dev/null"])
+            try:
+                server.request("tools/list", {})
+                for artifact in made:
+                    code = PROGRAMS[artifact.rstrip("0123456789")][2]
+                    rows[artifact][(way, "warm")] = median_ms(lambda: server.run(artifact, code), a.runs, pause=0.25)
                     done, deadline = 0, time.monotonic() + a.seconds
                     while time.monotonic() < deadline:
-                        server.run(f"c{n}", ":")
+                        server.run(artifact, code)
                         done += 1
-                    rate = done / a.seconds
-                finally:
-                    server.close()
-                med = statistics.median(warm)
-                first = f"{n:8d} {bare_med:14.2f}" if way == "store view" else " " * 23
-                print(f"{first} {way:>16} {med:8.2f} {med / bare_med:7.2f} {rate:16.1f} {1000 / rate:8.2f}")
+                    rows[artifact][(way, "rate")] = done / a.seconds
+            finally:
+                server.close()
+            server = Server(a.bin, {**base_env, **extra, "NIX_SANDBOX_POOL": "off"}, ["--config", "/dev/null"])
+            try:
+                server.request("tools/list", {})
+                for artifact in made:
+                    code = PROGRAMS[artifact.rstrip("0123456789")][2]
+                    rows[artifact][(way, "cold")] = median_ms(lambda: server.run(artifact, code), a.runs)
+            finally:
+                server.close()
+        print(f"{'program':8} {'paths':>5} {'host ms':>8} {'bare bwrap':>10} {'way':>13} {'warm ms':>8} "
+              f"{'÷ bare':>7} {'÷ host':>7} {'cold pool ms':>13} {'back-to-back /s':>16}")
+        for artifact, r in rows.items():
+            name = artifact.rstrip("0123456789")
+            for i, (way, _) in enumerate(ways):
+                warm = r[(way, "warm")]
+                first = (f"{name:8} {artifact[len(name):]:>5} {r['host']:8.2f} {r['bare']:10.2f}" if i == 0
+                         else " " * 34)
+                print(f"{first} {way:>13} {warm:8.2f} {warm / r['bare']:7.2f} {warm / r['host']:7.2f} "
+                      f"{r[(way, 'cold')]:13.2f} {r[(way, 'rate')]:16.1f}")
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
