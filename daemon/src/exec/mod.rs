@@ -115,6 +115,11 @@ pub(crate) fn interpret_exit(status: std::process::ExitStatus) -> (Option<i32>, 
 /// How long a call that took a waiting sandbox may run before the pool
 /// prepares its replacement (it does at the call's end if sooner).
 const REFILL_DELAY: Duration = Duration::from_millis(50);
+/// How long after a call's end the pool prepares its replacement: time for
+/// the result to reach the client. Preparing a sandbox forks the daemon,
+/// and the fork holds the daemon's memory map while it copies it, which
+/// would stall the thread writing the result (about 0.6 ms a call here).
+const REPLY_GRACE: Duration = Duration::from_millis(2);
 
 /// Code larger than this is written to its file off the runtime's threads.
 const LARGE_CODE: usize = 1 << 20;
@@ -396,18 +401,14 @@ impl Executor {
         };
         // With the pool used up (a burst), its refill starts now, for the
         // calls behind this one. Otherwise another sandbox still waits, and
-        // the refill starts when this call ends, or after REFILL_DELAY if it
-        // runs longer: setting a sandbox (and its interpreter) up would take
-        // a core from a short call while it runs.
+        // the refill starts when this call's result is out (REPLY_GRACE
+        // after its end), or after REFILL_DELAY if it runs longer: setting
+        // a sandbox (and its interpreter) up would take a core from a short
+        // call while it runs.
         let kept = argv.is_none();
         let prepared = match pooled {
             Some(p) => {
-                let pool = self.inner.pool.clone();
-                let recipe = recipe.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(REFILL_DELAY).await;
-                    pool.refill(&recipe);
-                });
+                self.refill_after(&recipe, REFILL_DELAY);
                 p
             }
             None => {
@@ -437,7 +438,7 @@ impl Executor {
         )
         .await;
         let duration = start.elapsed();
-        let counted = sandbox.call_usage();
+        let (counted, fired) = sandbox.settle_call();
         let network = sandbox.network_report();
         let upper = sandbox.upper_layer().map(Arc::new);
         // Without a cgroup that counts, the kernel's own account, which the
@@ -447,9 +448,9 @@ impl Executor {
             Some(_) => None,
         };
         if kept {
-            self.inner.pool.refill(&recipe);
+            self.refill_after(&recipe, REPLY_GRACE);
         }
-        let fired = sandbox.finish();
+        sandbox.finish();
         let set_up_failed = matches!(watched.end, End::Exited(_))
             && self.inner.platform.layout.json_status_fd
             && !sandbox.program_ran();
@@ -483,6 +484,16 @@ impl Executor {
                 fired,
             },
         ))
+    }
+
+    /// Tops `recipe`'s waiting sandboxes up once `delay` has passed.
+    fn refill_after(&self, recipe: &Arc<Recipe>, delay: Duration) {
+        let pool = self.inner.pool.clone();
+        let recipe = recipe.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            pool.refill(&recipe);
+        });
     }
 
     /// Starts a sandbox running a session's agent, with a control channel:

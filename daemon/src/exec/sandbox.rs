@@ -264,14 +264,15 @@ impl Sandbox {
         self.lease.counts_cpu()
     }
 
-    /// What the current call used: its CPU time and the highest memory use
-    /// of the sandbox so far.
-    pub fn call_usage(&self) -> Usage {
-        let usage = self.lease.usage();
+    /// What the current call used (its CPU time and the highest memory use
+    /// of the sandbox so far) and the limits that fired during it (memory,
+    /// processes): read once, at the call's end.
+    pub fn settle_call(&mut self) -> (Usage, Fired) {
+        let (usage, fired) = self.lease.settle();
         if usage.cpu.is_some() {
-            return usage;
+            return (usage, fired);
         }
-        match (&self.init, self.call_cpu_start) {
+        let usage = match (&self.init, self.call_cpu_start) {
             (Some(init), Some(start)) => {
                 let (cpu, peak) = super::pidns::usage(init.pid());
                 Usage {
@@ -280,12 +281,8 @@ impl Sandbox {
                 }
             }
             _ => usage,
-        }
-    }
-
-    /// Limits that fired since the last check (memory, processes).
-    pub fn fired(&mut self) -> Fired {
-        self.lease.check()
+        };
+        (usage, fired)
     }
 
     /// The resource usage of the sandbox's init and all it waited for, which
@@ -303,9 +300,9 @@ impl Sandbox {
         self.network.as_ref().map(|(_, record)| record.take())
     }
 
-    /// Ends the sandbox's hold on its cgroup once it has ended: the limits
-    /// that fired, and the group goes back to the pool.
-    pub(super) fn finish(&mut self) -> Fired {
+    /// Ends the sandbox's hold on its cgroup once it has ended (and its
+    /// call settled): the group goes back to the pool.
+    pub(super) fn finish(&mut self) {
         self.lease.release()
     }
 

@@ -231,17 +231,22 @@ fn a_staged_project_is_its_overlay_and_never_the_host_tree() {
     assert!(has(&a, &["--bind", "/home/u/proj", "/project"]));
 }
 
-#[test]
-fn a_read_write_project_keeps_its_protected_files_read_only() {
-    let p = ProjectMount {
+/// /home/u/proj read-write at /project, with `protected` protected.
+fn read_write_project(protected: &[String]) -> ProjectMount {
+    ProjectMount {
         host_path: "/home/u/proj".into(),
         mount_point: "/project".into(),
         access: ProjectAccess::ReadWrite,
         overlay: false,
         downgraded: false,
-        protected: vec![".mcp.json".into(), ".claude/".into()],
-    };
+        protected: protected.to_vec(),
+    }
+}
+
+#[test]
+fn a_read_write_project_keeps_its_protected_files_read_only() {
     let existing = [".mcp.json".to_string(), ".claude/".to_string()];
+    let p = read_write_project(&existing);
     let env = env();
     let a = options(&Call {
         protected: &existing,
@@ -264,14 +269,7 @@ fn directories_holding_protected_paths_are_mounts_before_the_paths_in_them() {
         "a/b/c.md".to_string(),
         "CLAUDE.md".to_string(),
     ];
-    let p = ProjectMount {
-        host_path: "/home/u/proj".into(),
-        mount_point: "/project".into(),
-        access: ProjectAccess::ReadWrite,
-        overlay: false,
-        downgraded: false,
-        protected: existing.to_vec(),
-    };
+    let p = read_write_project(&existing);
     let env = env();
     let a = options(&Call {
         protected: &existing,

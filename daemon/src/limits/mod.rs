@@ -222,23 +222,33 @@ impl Lease {
         ))
     }
 
-    /// What the current call used: its CPU time, and the group's highest
-    /// memory use so far.
-    pub fn usage(&self) -> Usage {
-        let Some(c) = &self.cgroup else {
-            return Usage::default();
+    /// What the current call used (its CPU time, and the group's highest
+    /// memory use so far) and the limits that fired since the last look,
+    /// from one reading of the group's counters.
+    pub fn settle(&mut self) -> (Usage, Fired) {
+        let Some(c) = &mut self.cgroup else {
+            return Default::default();
         };
         let Some(g) = &c.group else {
-            return Usage::default();
+            return Default::default();
         };
         let now = c.pool.counters(g);
-        Usage {
+        let usage = Usage {
             cpu: now
                 .cpu_usec
                 .zip(c.call_cpu_usec)
                 .map(|(now, start)| std::time::Duration::from_micros(now.saturating_sub(start))),
             peak_memory_bytes: now.peak_memory,
-        }
+        };
+        let fired = Fired {
+            memory: now.oom_kills > c.before.oom_kills,
+            pids: now.pids_max_hits > c.before.pids_max_hits,
+        };
+        c.before = Counters {
+            cpu_usec: c.before.cpu_usec,
+            ..now
+        };
+        (usage, fired)
     }
 
     /// Whether the group counts CPU time (without reading it).
@@ -275,37 +285,15 @@ impl Lease {
         }
     }
 
-    /// Limits that fired since `apply` or the last check (for a group that
-    /// serves several calls, as a session's does).
-    pub fn check(&mut self) -> Fired {
-        let Some(c) = &mut self.cgroup else {
-            return Fired::default();
-        };
-        let Some(g) = &c.group else {
-            return Fired::default();
-        };
-        let now = c.pool.counters(g);
-        let fired = Fired {
-            memory: now.oom_kills > c.before.oom_kills,
-            pids: now.pids_max_hits > c.before.pids_max_hits,
-        };
-        c.before = Counters {
-            cpu_usec: c.before.cpu_usec,
-            ..now
-        };
-        fired
-    }
-
-    /// Reports which limits fired and returns the group to the pool once it
-    /// is empty (in the background). The lease holds nothing afterwards.
-    pub fn release(&mut self) -> Fired {
-        let fired = self.check();
+    /// Returns the group to the pool once it is empty (in the background),
+    /// after the call's last [`Lease::settle`]. The lease holds nothing
+    /// afterwards.
+    pub fn release(&mut self) {
         if let Some(c) = self.cgroup.take()
             && let Some(group) = c.group
         {
             c.pool.recycle(group);
         }
-        fired
     }
 
     fn group(&self) -> Option<(&GroupPool, &Group)> {
@@ -338,6 +326,7 @@ mod tests {
         let mut lease = e.reserve().unwrap();
         lease.adopt(std::process::id()).unwrap();
         lease.apply(&l).unwrap();
-        assert_eq!(lease.release(), Fired::default());
+        assert_eq!(lease.settle().1, Fired::default());
+        lease.release();
     }
 }

@@ -399,8 +399,7 @@ async fn run_call(
         },
     )
     .await;
-    let fired = sandbox.fired();
-    let usage = sandbox.call_usage();
+    let (usage, fired) = sandbox.settle_call();
     let network = sandbox.network_report();
     let upper = sandbox.upper_layer().map(Arc::new);
     if !watched.end.sandbox_ended() {
