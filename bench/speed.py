@@ -5,9 +5,10 @@
                      interpreter, bare bubblewrap, a call over MCP with the
                      interpreter pre-started (warm), with a cold interpreter,
                      with a cold pool, with cgroups off, and the CLI
-  closure_calls.py   a Nix closure of 10 and of 200 store paths: bare
-                     bubblewrap, a warm call, back-to-back calls and what
-                     one such call costs (cold)
+  closure_calls.py   bash, python and node each as a Nix closure of 10 and
+                     of 200 store paths: the interpreter on the host, bare
+                     bubblewrap, a warm call, a call with a cold pool and
+                     back-to-back calls, with store views and path by path
   sustained.py       calls per second with 1, 2, 4 and 8 in flight against
                      bare bubblewrap, for bash and for python
 
@@ -38,7 +39,7 @@ def main() -> None:
     quick = a.quick
     runs = [
         ("calls, per environment", "bench.py", ["--runs", "40" if quick else "150", "--cli-runs", "5" if quick else "20"]),
-        ("closures of 10 and 200 store paths", "closure_calls.py",
+        ("closures of 10 and 200 store paths, per interpreter", "closure_calls.py",
          ["--runs", "15" if quick else "40", "--seconds", "2" if quick else "4"]),
         ("sustained load, bash", "sustained.py", ["--env", "bash", "--seconds", "2" if quick else "4"]),
         ("sustained load, python", "sustained.py", ["--env", "python", "--seconds", "2" if quick else "4"]),
