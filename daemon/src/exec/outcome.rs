@@ -69,7 +69,8 @@ impl Outcome {
 
     /// The outcome of a call the supervisor watched to `watched`'s end, the
     /// program's exit read as `status` (exit code, signal): one run's and
-    /// one session call's alike.
+    /// one session call's alike. Takes the captured output out of
+    /// `watched`, whose ending the caller may still read.
     pub(crate) fn of_call<R>(
         watched: &mut Supervised<R>,
         status: (Option<i32>, Option<i32>),
