@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from bench import ROOT, Server
+from bench import ROOT, Server, quiet
 
 # name: (host program, interpreter kind, code, code file name)
 PROGRAMS = {
@@ -77,7 +77,7 @@ def links_for(libraries: list[pathlib.Path], libs: pathlib.Path) -> dict[str, st
 
 def make_store(top: pathlib.Path, sizes: list[int]) -> tuple[pathlib.Path, dict]:
     """The bench's store and one artifact per interpreter and size; returns
-    the store and, per artifact name, (interpreter, closure, links)."""
+    the store and, per artifact name, (program, interpreter, closure, links)."""
     store = top / "store"
     artifacts = top / "artifacts"
     libs = store_path(store, 1, "host-libs")
@@ -122,7 +122,7 @@ def make_store(top: pathlib.Path, sizes: list[int]) -> tuple[pathlib.Path, dict]
                 "interpreter": {"argv": [str(interpreter), "{file}"], "file_name": file_name, "kind": kind},
                 "closure": closure, "links": links, "limits": {}, "network": False,
             }))
-            made[artifact] = (str(interpreter), closure, links)
+            made[artifact] = (name, str(interpreter), closure, links)
     for p in [top, *top.rglob("*")]:
         if p.is_dir() and not p.is_symlink():
             p.chmod(0o755)
@@ -149,10 +149,6 @@ def median_ms(fn, runs: int, pause: float = 0.0) -> float:
     return statistics.median(times)
 
 
-def quiet(argv: list[str]) -> None:
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
@@ -177,8 +173,7 @@ def main() -> None:
             scripts[name].write_text(code)
             scripts[name].chmod(0o644)
         rows = {}
-        for artifact, (interpreter, closure, links) in made.items():
-            name = artifact.rstrip("0123456789")
+        for artifact, (name, interpreter, closure, links) in made.items():
             rows[artifact] = {
                 "host": median_ms(lambda: quiet([interpreter, str(scripts[name])]), a.runs),
                 "bare": median_ms(lambda: quiet(bare(closure, links, interpreter, str(scripts[name]))), a.runs),
@@ -188,8 +183,8 @@ def main() -> None:
             server = Server(a.bin, {**base_env, **extra}, ["--config", "/dev/null"])
             try:
                 server.request("tools/list", {})
-                for artifact in made:
-                    code = PROGRAMS[artifact.rstrip("0123456789")][2]
+                for artifact, (name, *_) in made.items():
+                    code = PROGRAMS[name][2]
                     rows[artifact][(way, "warm")] = median_ms(lambda: server.run(artifact, code), a.runs, pause=0.25)
                     done, deadline = 0, time.monotonic() + a.seconds
                     while time.monotonic() < deadline:
@@ -201,15 +196,15 @@ def main() -> None:
             server = Server(a.bin, {**base_env, **extra, "NIX_SANDBOX_POOL": "off"}, ["--config", "/dev/null"])
             try:
                 server.request("tools/list", {})
-                for artifact in made:
-                    code = PROGRAMS[artifact.rstrip("0123456789")][2]
+                for artifact, (name, *_) in made.items():
+                    code = PROGRAMS[name][2]
                     rows[artifact][(way, "cold")] = median_ms(lambda: server.run(artifact, code), a.runs)
             finally:
                 server.close()
         print(f"{'program':8} {'paths':>5} {'host ms':>8} {'bare bwrap':>10} {'way':>13} {'warm ms':>8} "
               f"{'÷ bare':>7} {'÷ host':>7} {'cold pool ms':>13} {'back-to-back /s':>16}")
         for artifact, r in rows.items():
-            name = artifact.rstrip("0123456789")
+            name = made[artifact][0]
             for i, (way, _) in enumerate(ways):
                 warm = r[(way, "warm")]
                 first = (f"{name:8} {artifact[len(name):]:>5} {r['host']:8.2f} {r['bare']:10.2f}" if i == 0

@@ -377,13 +377,21 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     a.0
 }
 
+/// The directories (relative, innermost first) that hold the protected
+/// path `rel`, the project's root left out.
+pub fn protected_path_dirs(rel: &str) -> impl Iterator<Item = &Path> {
+    Path::new(rel.trim_end_matches('/'))
+        .ancestors()
+        .skip(1)
+        .filter(|dir| !dir.as_os_str().is_empty())
+}
+
 /// The directories (relative, shallowest first, each once) that hold the
 /// protected paths `protected`, the project's root left out.
 fn protected_parents(protected: &[String]) -> Vec<&Path> {
     let mut parents: Vec<&Path> = protected
         .iter()
-        .flat_map(|rel| Path::new(rel.trim_end_matches('/')).ancestors().skip(1))
-        .filter(|dir| !dir.as_os_str().is_empty())
+        .flat_map(|rel| protected_path_dirs(rel))
         .collect();
     parents.sort_by_key(|dir| (dir.components().count(), *dir));
     parents.dedup();

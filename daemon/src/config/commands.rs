@@ -13,7 +13,7 @@ use crate::network::NetworkSetting;
 
 /// Longest command name: the tool name, with a `cmd_` prefix when it
 /// clashes, must fit MCP's 64 characters.
-pub const MAX_NAME: usize = 60;
+const MAX_NAME: usize = 60;
 
 /// One `[commands.NAME]` table as written.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

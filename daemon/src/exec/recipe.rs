@@ -222,7 +222,7 @@ fn existing_protected(project: Option<&ProjectMount>) -> Vec<String> {
     let Some(p) = project.filter(|p| p.access == ProjectAccess::ReadWrite) else {
         return Vec::new();
     };
-    let real = |rel: &std::path::Path, leaf: bool| {
+    let real = |rel: &Path, leaf: bool| {
         p.host_path
             .join(rel)
             .symlink_metadata()
@@ -231,13 +231,8 @@ fn existing_protected(project: Option<&ProjectMount>) -> Vec<String> {
     p.protected
         .iter()
         .filter(|rel| {
-            let rel = std::path::Path::new(rel.trim_end_matches('/'));
-            real(rel, true)
-                && rel
-                    .ancestors()
-                    .skip(1)
-                    .filter(|dir| !dir.as_os_str().is_empty())
-                    .all(|dir| real(dir, false))
+            real(Path::new(rel.trim_end_matches('/')), true)
+                && jail::protected_path_dirs(rel).all(|dir| real(dir, false))
         })
         .cloned()
         .collect()
