@@ -412,10 +412,13 @@ impl Executor {
                 p
             }
             None => {
+                // This call's memory first: a replacement asked for before
+                // it could take the budget it waits for, and the next call
+                // would run before this one.
+                let reservation = self.reserve_memory(&limits, &req.cancel).await?;
                 if kept {
                     self.inner.pool.refill(&recipe);
                 }
-                let reservation = self.reserve_memory(&limits, &req.cancel).await?;
                 self.prepare_now(&recipe, Vec::new(), reservation).await?
             }
         };
