@@ -11,6 +11,8 @@
                      back-to-back calls, with store views and path by path
   sustained.py       calls per second with 1, 2, 4 and 8 in flight against
                      bare bubblewrap, for bash and for python
+  syscalls.py        what the sandbox adds to each system call its
+                     programs make
 
 docs/performance.md shows the tables and what each row means. Options are
 passed to each bench that takes them; --quick shortens every one (for a
@@ -43,6 +45,7 @@ def main() -> None:
          ["--runs", "15" if quick else "40", "--seconds", "2" if quick else "4"]),
         ("sustained load, bash", "sustained.py", ["--env", "bash", "--seconds", "2" if quick else "4"]),
         ("sustained load, python", "sustained.py", ["--env", "python", "--seconds", "2" if quick else "4"]),
+        ("the cost of a system call", "syscalls.py", ["--runs", "3" if quick else "9"]),
     ]
     for title, script, args in runs:
         print(f"\n== {title} ({script})", flush=True)

@@ -1,5 +1,5 @@
 //! Recipes: everything a sandbox is fixed to before any call arrives
-//! (bubblewrap's options, the command, the seccomp programs, the rlimits and
+//! (bubblewrap's options, the command, the seccomp filter, the rlimits and
 //! the cgroup limits), and the key under which prepared sandboxes wait.
 //! Options are built with placeholder descriptors and paths, so equal calls
 //! have equal keys.
@@ -18,7 +18,7 @@ use super::warm::Warm;
 use crate::environment::Environment;
 use crate::jail::{self, CacheMount, Call, HostLayout, ProjectAccess, ProjectMount};
 use crate::limits::{Enforcer, Rlimit};
-use crate::seccomp::{self, Programs};
+use crate::seccomp::{self, Program};
 
 /// What distinguishes one kind of prepared sandbox from another.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -45,7 +45,7 @@ pub(super) struct Recipe {
     pub(super) rlimits: Vec<Rlimit>,
     /// Set on the sandbox's init once its user namespace exists.
     pub(super) init_rlimits: Vec<Rlimit>,
-    pub(super) programs: Arc<Programs>,
+    pub(super) program: Arc<Program>,
     /// Where the code file appears in the sandbox; none for a command run
     /// as is, which reads no code file.
     pub(super) code_path: Option<String>,
@@ -69,12 +69,12 @@ pub(super) struct Recipe {
     pub(super) warm_failed: AtomicBool,
 }
 
-/// Compiled seccomp programs, once per distinct allow-list.
+/// Compiled seccomp filters, once per distinct allow-list.
 #[derive(Debug, Default)]
-pub(super) struct SeccompCache(Mutex<HashMap<Vec<String>, Arc<Programs>>>);
+pub(super) struct SeccompCache(Mutex<HashMap<Vec<String>, Arc<Program>>>);
 
 impl SeccompCache {
-    pub(super) fn get(&self, allow: &[String]) -> Result<Arc<Programs>, seccomp::SeccompError> {
+    pub(super) fn get(&self, allow: &[String]) -> Result<Arc<Program>, seccomp::SeccompError> {
         let mut cache = self.0.lock().unwrap();
         if let Some(p) = cache.get(allow) {
             return Ok(p.clone());
@@ -137,7 +137,7 @@ impl Recipe {
         caches: Vec<CacheMount>,
         i: Ingredients,
     ) -> Result<Recipe, ExecError> {
-        let programs = seccomp
+        let program = seccomp
             .get(&i.env.seccomp_allow)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
         let rlimits = enforcer.rlimits(&i.env.limits);
@@ -158,7 +158,7 @@ impl Recipe {
             project: i.project,
             code_file: code_path.as_deref().map(|at| (Path::new("/code"), at)),
             block_fd: Some(0),
-            seccomp_fds: vec![0, 0],
+            seccomp_fds: vec![0],
             status_fd: Some(0),
             inherited: i.inherited,
             workdir: i.workdir.as_deref(),
@@ -200,7 +200,7 @@ impl Recipe {
             inherited: i.inherited.to_vec(),
             rlimits,
             init_rlimits,
-            programs,
+            program,
             code_path,
             workdir: i.workdir,
             network: i.env.network.policy().cloned().map(Arc::new),

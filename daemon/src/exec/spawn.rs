@@ -1,7 +1,7 @@
 //! Starting bubblewrap for a recipe: the fork and exec, with the rlimits,
 //! the identity switch and exactly the descriptors bubblewrap needs set up
 //! between the two; then, off the call's critical path, moving the waiting
-//! bubblewrap into its cgroup, handing it its options and seccomp programs,
+//! bubblewrap into its cgroup, handing it its options and seccomp filter,
 //! and mounting a store view while it waits. The processes are held by
 //! pidfd (see `process.rs`).
 
@@ -35,9 +35,9 @@ pub(super) struct Spawned {
     status: OwnedFd,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    /// Write ends: the options, the two seccomp programs.
+    /// Write ends: the options, the seccomp filter.
     options: OwnedFd,
-    seccomp: [OwnedFd; 2],
+    seccomp: OwnedFd,
     options_data: Vec<u8>,
     staged: Option<OwnedFd>,
     /// A pre-started interpreter's pipe: the write end, and the number the
@@ -65,8 +65,7 @@ pub(super) fn spawn(
     let pipe =
         || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from);
     let (options_r, options_w) = pipe()?;
-    let (sc0_r, sc0_w) = pipe()?;
-    let (sc1_r, sc1_w) = pipe()?;
+    let (seccomp_r, seccomp_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
     let (block_r, block_w) = pipe()?;
     let go = match recipe.warm {
@@ -111,7 +110,7 @@ pub(super) fn spawn(
             .zip(recipe.code_path.as_deref())
             .map(|(file, at)| (file.path(), at)),
         block_fd: Some(block_r.as_raw_fd()),
-        seccomp_fds: vec![sc0_r.as_raw_fd(), sc1_r.as_raw_fd()],
+        seccomp_fds: vec![seccomp_r.as_raw_fd()],
         status_fd: Some(status_w.as_raw_fd()),
         inherited: &recipe.inherited,
         workdir: recipe.workdir.as_deref(),
@@ -149,7 +148,7 @@ pub(super) fn spawn(
             .collect(),
         rlimits: recipe.rlimits.clone(),
         inherit: Arc::new(
-            [options_r, sc0_r, sc1_r, status_w, block_r]
+            [options_r, seccomp_r, status_w, block_r]
                 .into_iter()
                 .chain(go_r)
                 .chain(view_sync)
@@ -230,7 +229,7 @@ pub(super) fn spawn(
         stdout,
         stderr,
         options: options_w,
-        seccomp: [sc0_w, sc1_w],
+        seccomp: seccomp_w,
         options_data,
         staged,
         go,
@@ -300,7 +299,7 @@ fn kill_and_reap(pid: Option<i32>) {
 
 impl Spawned {
     /// Moves the waiting bubblewrap into its cgroup with the run's limits,
-    /// hands it its options and seccomp programs, and waits until it has
+    /// hands it its options and seccomp filter, and waits until it has
     /// created the sandbox's init; it then builds the mounts and waits to
     /// start the command. Blocking (the cgroup migration waits for the
     /// kernel; see [`Lease::adopt`]).
@@ -313,9 +312,7 @@ impl Spawned {
         self.lease.adopt(self.process.pid())?;
         // A write fails only when bubblewrap has exited; the run reports why.
         let _ = std::fs::File::from(self.options).write_all(&self.options_data);
-        for (fd, program) in self.seccomp.into_iter().zip(&recipe.programs.0) {
-            let _ = std::fs::File::from(fd).write_all(program);
-        }
+        let _ = std::fs::File::from(self.seccomp).write_all(&recipe.program.0);
         let mut status = Status::new(self.status);
         let bubblewrap = self.process.pid() as i32;
         let init = status.wait_for_init(INIT_LIMIT).and_then(|named| {
