@@ -16,6 +16,12 @@ The server runs with max_concurrent_runs = the largest k, so that every
 call in flight has a sandbox. Any call that is not ok is counted by its
 error code and printed: under load there must be none.
 
+Each row also shows the CPU time a call costs: all the machine's busy
+time during the row (/proc/stat, so the client's and the kernel's
+threads count too) over the calls made. Once the cores are busy, the
+rate is the cores over this cost, so it says where a gap comes from.
+Keep the machine otherwise idle.
+
 Run it as root and as a non-root user (without a delegated cgroup, the
 non-root server has rlimits only: the row that matters most to users).
 
@@ -73,6 +79,13 @@ class Pipelined(Server):
         return ok, failures
 
 
+def busy_seconds() -> float:
+    """CPU time the whole machine has spent busy (not idle or waiting
+    for I/O) since it started."""
+    ticks = [int(x) for x in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def bare(script: str, interpreter: str, k: int, seconds: float) -> int:
     argv = bare_bwrap(script, interpreter)
     deadline = time.monotonic() + seconds
@@ -115,12 +128,17 @@ def main() -> None:
     bare(str(script), interpreter, 1, 1)
 
     done: dict[tuple[int, str], int] = collections.Counter()
+    cpu: dict[tuple[int, str], float] = collections.Counter()
     failures: dict[tuple[int, str], collections.Counter] = collections.defaultdict(collections.Counter)
     for _ in range(a.rounds):
         for k in ks:
+            before = busy_seconds()
             done[(k, "bare bwrap")] += bare(str(script), interpreter, k, a.seconds)
+            cpu[(k, "bare bwrap")] += busy_seconds() - before
             for label, s in servers.items():
+                before = busy_seconds()
                 ok, failed = s.sustain(a.env, code, k, a.seconds)
+                cpu[(k, label)] += busy_seconds() - before
                 done[(k, label)] += ok
                 failures[(k, label)].update(failed)
     for s in servers.values():
@@ -129,13 +147,14 @@ def main() -> None:
 
     total = a.seconds * a.rounds
     print(f"{a.env}, {a.rounds} x {a.seconds:g} s per row, uid {os.getuid()}")
-    print(f"{'k':>2} {'path':24} {'calls/s':>9} {'÷ bare bwrap':>13}  failed")
+    print(f"{'k':>2} {'path':24} {'calls/s':>9} {'÷ bare bwrap':>13} {'CPU ms a call':>14}  failed")
     for k in ks:
         floor = done[(k, "bare bwrap")] / total
         for label in ["bare bwrap", *servers]:
             rate = done[(k, label)] / total
             failed = ", ".join(f"{code} x{n}" for code, n in failures[(k, label)].items()) or "-"
-            print(f"{k:>2} {label:24} {rate:9.1f} {rate / floor:13.2f}  {failed}")
+            per_call = cpu[(k, label)] / max(done[(k, label)], 1) * 1000
+            print(f"{k:>2} {label:24} {rate:9.1f} {rate / floor:13.2f} {per_call:14.2f}  {failed}")
 
 
 if __name__ == "__main__":
