@@ -333,9 +333,15 @@ impl RootPlan {
             let Some(name) = entry.file_name() else {
                 continue;
             };
-            let meta = entry.symlink_metadata()?;
+            // An entry gone since the recipe was made is left out: what
+            // needed it fails in bubblewrap, with its own message.
+            let Ok(meta) = entry.symlink_metadata() else {
+                continue;
+            };
             if meta.file_type().is_symlink() {
-                links.push((c(std::fs::read_link(entry)?.as_os_str())?, c(name)?));
+                if let Ok(target) = std::fs::read_link(entry) {
+                    links.push((c(target.as_os_str())?, c(name)?));
+                }
             } else if meta.is_dir() {
                 binds.push((
                     c_path(entry)?,
