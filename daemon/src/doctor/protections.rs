@@ -349,7 +349,7 @@ fn seccomp(facts: &BTreeMap<String, String>) -> Finding {
     Finding::fail(
         "seccomp",
         format!(
-            "a test sandbox shows Seccomp {mode:?} and {} filter program(s), where filter mode (2) and our program were expected",
+            "a test sandbox shows Seccomp {mode:?} and {} filter program(s), where filter mode (2) and at least one program were expected",
             loaded.map_or("an unknown number of", String::as_str)
         ),
         "report this with the output of `nix-sandbox-mcp doctor --json` and `bwrap --version`",
