@@ -203,12 +203,17 @@ def dump(v: Any) -> str:
 
 
 class RawServer:
-    """The server driven with hand-written JSON-RPC lines."""
+    """The server driven with hand-written JSON-RPC lines. Its log goes to a
+    file, whose end a failed `recv` shows."""
 
     def __init__(self, config: str | None = None, env: dict[str, str] | None = None) -> None:
         p = server_params(config=config, env=env)
+        self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([p.command, *p.args], env={**os.environ, **(p.env or {})}, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.PIPE, stderr=self.log)
+        # Lines read from the server but not yet returned: replies that
+        # arrive together come in one read.
+        self.pending = b""
         self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
         assert self.recv()["result"]["protocolVersion"] == "2025-11-25"
@@ -221,13 +226,27 @@ class RawServer:
         self.proc.stdin.flush()
 
     def recv(self, timeout: float = 10) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, "no answer from the server"
-        return json.loads(self.proc.stdout.readline())
+        """The next line the server writes, within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        out = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([out], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no answer from the server within {timeout} s; its log ends:\n{self.log_tail()}"
+            chunk = os.read(out, 1 << 16)
+            assert chunk, f"the server closed its output; its log ends:\n{self.log_tail()}"
+            self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
+        return json.loads(line)
+
+    def log_tail(self, size: int = 4000) -> str:
+        self.log.seek(0, os.SEEK_END)
+        self.log.seek(max(0, self.log.tell() - size))
+        return self.log.read().decode(errors="replace")
 
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        self.log.close()
 
     def shut_down(self, timeout: float = 20) -> None:
         """Ends the session the way a client does: stdin closes, the server exits."""
