@@ -183,6 +183,20 @@ pub fn store_dir(paths: &[PathBuf]) -> Option<&Path> {
 /// The bubblewrap options for `call`: everything but the command, which
 /// bubblewrap takes after `--` on its own command line.
 pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
+    build(layout, call).argv
+}
+
+/// The bubblewrap options for `call`, and the host paths they bind into
+/// the sandbox (the source of every bind, in order).
+pub fn bwrap_options_and_sources(
+    layout: &HostLayout,
+    call: &Call,
+) -> (Vec<OsString>, Vec<PathBuf>) {
+    let a = build(layout, call);
+    (a.argv, a.sources)
+}
+
+fn build(layout: &HostLayout, call: &Call) -> Args {
     let mut a = Args::default();
     let env = call.env;
 
@@ -374,7 +388,7 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
     // Last: everything above is mounted, and nothing else under / may be
     // written (the writable filesystems are mounts of their own).
     a.pair("--remount-ro", "/");
-    a.0
+    a
 }
 
 /// The directories (relative, innermost first) that hold the protected
@@ -398,12 +412,26 @@ fn protected_parents(protected: &[String]) -> Vec<&Path> {
     parents
 }
 
+/// bubblewrap's options as they are built, and the host paths they bind.
 #[derive(Default)]
-struct Args(Vec<OsString>);
+struct Args {
+    argv: Vec<OsString>,
+    sources: Vec<PathBuf>,
+}
+
+/// The options whose first argument is a path on the host.
+const BINDS: [&str; 6] = [
+    "--bind",
+    "--ro-bind",
+    "--dev-bind",
+    "--bind-try",
+    "--ro-bind-try",
+    "--dev-bind-try",
+];
 
 impl Args {
     fn flag(&mut self, f: &str) {
-        self.0.push(f.into());
+        self.argv.push(f.into());
     }
     fn flags(&mut self, fs: &[&str]) {
         for f in fs {
@@ -411,20 +439,23 @@ impl Args {
         }
     }
     fn pair(&mut self, f: &str, v: &str) {
-        self.0.push(f.into());
-        self.0.push(v.into());
+        self.argv.push(f.into());
+        self.argv.push(v.into());
     }
     fn pair_os(&mut self, f: &str, v: &std::ffi::OsStr) {
-        self.0.push(f.into());
-        self.0.push(v.into());
+        self.argv.push(f.into());
+        self.argv.push(v.into());
     }
     fn triple(&mut self, f: &str, a: &str, b: &str) {
         self.triple_os(f, a.as_ref(), b.as_ref());
     }
     fn triple_os(&mut self, f: &str, a: &std::ffi::OsStr, b: &std::ffi::OsStr) {
-        self.0.push(f.into());
-        self.0.push(a.into());
-        self.0.push(b.into());
+        if BINDS.contains(&f) {
+            self.sources.push(PathBuf::from(a));
+        }
+        self.argv.push(f.into());
+        self.argv.push(a.into());
+        self.argv.push(b.into());
     }
     fn bind_ro(&mut self, src: &Path, dest: &Path) {
         self.triple_os("--ro-bind", src.as_os_str(), dest.as_os_str());

@@ -70,6 +70,11 @@ ENVIRONMENT
                        namespace of the server's own where their filesystems are
                        staged (then no project overlay: an overlay project is
                        read-only; and no bound on the number of files written).
+    NIX_SANDBOX_OWN_ROOT
+                       off: in the nest, bubblewrap starts with all of the
+                       host's mounts instead of a root holding only what the
+                       sandbox needs (the sandbox sees the same; setting it
+                       up costs more the more mounts the host has).
     NIX_SANDBOX_STORE_VIEW
                        off: a Nix closure is bound into each sandbox path by
                        path, not through a store view (one mount per closure,

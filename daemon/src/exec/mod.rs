@@ -142,6 +142,9 @@ struct Inner {
     proxy: Proxy,
     /// Every sandbox starts in the nest, when the host allows one; else why not.
     nest: Result<nest::Nest, String>,
+    /// What staged sandboxes' bubblewrap needs of the host's root, when it
+    /// runs in a root of its own (see `nest::root`); else why not.
+    host_root: Result<nest::root::HostRoot, String>,
     /// Where environments' caches are kept, once the project is known.
     caches: std::sync::RwLock<Option<crate::caches::Caches>>,
     /// Store views by closure (`None`: the view could not be made, and
@@ -172,6 +175,13 @@ impl Executor {
         if let Err(e) = &nest {
             tracing::warn!("sandboxes start without the nest: {e}");
         }
+        let host_root = match &nest {
+            Ok(n) => host_root(n, &platform),
+            Err(_) => Err("no nest".to_string()),
+        };
+        if let (Ok(_), Err(e)) = (&nest, &host_root) {
+            tracing::warn!("sandboxes see all of the host's mounts: {e}");
+        }
         let executor = Executor {
             inner: Arc::new(Inner {
                 platform,
@@ -182,6 +192,7 @@ impl Executor {
                 pool: Arc::new(Pool::new(bounds.prestart)),
                 proxy,
                 nest,
+                host_root,
                 caches: std::sync::RwLock::new(None),
                 views: Mutex::default(),
                 warm_start: std::env::var_os(NO_WARM_VAR).is_none_or(|v| v != "off"),
@@ -280,7 +291,7 @@ impl Executor {
             &self.inner.platform.layout,
             &self.inner.enforcer,
             &self.inner.seccomp,
-            stage_root,
+            stage_root.map(|root| (root, self.inner.host_root.as_ref().ok())),
             view,
             caches,
             ingredients,
@@ -650,6 +661,27 @@ pub const NO_VIEW_VAR: &str = "NIX_SANDBOX_STORE_VIEW";
 /// Set to `off`, interpreters are never started ahead of their call (for
 /// troubleshooting, and to compare the two).
 pub const NO_WARM_VAR: &str = "NIX_SANDBOX_WARM_START";
+/// Set to `off`, a staged sandbox's bubblewrap sees all of the host's
+/// mounts instead of a root of its own (for troubleshooting, and to
+/// compare the two).
+pub const NO_OWN_ROOT_VAR: &str = "NIX_SANDBOX_OWN_ROOT";
+
+/// What bubblewrap needs of the host's root, once a sandbox rooted that
+/// way has run it; else why sandboxes see the host's whole root.
+fn host_root(nest: &nest::Nest, platform: &Platform) -> Result<nest::root::HostRoot, String> {
+    if std::env::var_os(NO_OWN_ROOT_VAR).is_some_and(|v| v == "off") {
+        return Err(format!("{NO_OWN_ROOT_VAR}=off"));
+    }
+    let root = nest::root::HostRoot::for_bubblewrap(&platform.bwrap).ok_or_else(|| {
+        format!(
+            "{} is not a program whose needs are known",
+            platform.bwrap.display()
+        )
+    })?;
+    let entries = root.entries(&[], &platform.stage_dir);
+    nest.probe_host_root(platform.run_as, entries, &platform.bwrap)?;
+    Ok(root)
+}
 
 /// Writes `code` into a prepared sandbox's code file (large code off the
 /// runtime's threads).

@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use super::ExecError;
+use super::nest::root::HostRoot;
 use super::nest::view::View;
 use super::nest::{ProjectSpec, StageSpec};
 use super::warm::Warm;
@@ -126,17 +127,19 @@ impl<'a> Ingredients<'a> {
 }
 
 impl Recipe {
-    /// `stage_root` is where the nest stages sandboxes, when it does;
-    /// `view`, the closure's store view and where it is mounted.
+    /// `staging` is where the nest stages sandboxes, when it does, and what
+    /// their bubblewrap needs of the host's root when it runs in a root of
+    /// its own; `view`, the closure's store view and where it is mounted.
     pub(super) fn new(
         layout: &HostLayout,
         enforcer: &Enforcer,
         seccomp: &SeccompCache,
-        stage_root: Option<&Path>,
+        staging: Option<(&Path, Option<&HostRoot>)>,
         view: Option<(Arc<View>, &Path)>,
         caches: Vec<CacheMount>,
         i: Ingredients,
     ) -> Result<Recipe, ExecError> {
+        let stage_root = staging.map(|(root, _)| root);
         let program = seccomp
             .get(&i.env.seccomp_allow)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
@@ -168,7 +171,11 @@ impl Recipe {
             caches: &caches,
             hook_vars: &hook_vars,
         };
-        let stage = stage_root.map(|_| StageSpec {
+        let (options, sources) = jail::bwrap_options_and_sources(layout, &placeholder);
+        let stage = staging.map(|(root, host_root)| StageSpec {
+            host_root: host_root
+                .map(|h| h.entries(&sources, root))
+                .unwrap_or_default(),
             size_bytes: i.env.limits.workspace_bytes,
             files: i.env.limits.workspace_files,
             project: i
@@ -182,7 +189,7 @@ impl Recipe {
         command.extend(i.extra_args);
         Ok(Recipe {
             key: RecipeKey {
-                options: nul_separated(jail::bwrap_options(layout, &placeholder)),
+                options: nul_separated(options),
                 command,
                 seccomp_allow: i.env.seccomp_allow.clone(),
                 rlimits: pairs(&rlimits),
@@ -279,7 +286,7 @@ mod tests {
             &HostLayout::default(),
             &Enforcer::rlimits_only("test"),
             &SeccompCache::default(),
-            Some(Path::new("/run/nsm/stage")),
+            Some((Path::new("/run/nsm/stage"), None)),
             view,
             Vec::new(),
             Ingredients {

@@ -554,3 +554,32 @@ fn a_hook_variable_is_set_after_every_other_and_so_wins() {
     );
     assert!(pos(&a, &["--setenv", "PYTHONPATH", "/lib/b"]) < last_setenv);
 }
+
+#[test]
+fn bind_sources_are_the_first_argument_of_every_bind() {
+    let env = env();
+    let protected = [".git/".to_string()];
+    let project = read_write_project(&protected);
+    let call = Call {
+        code_file: Some((Path::new("/run/nsm/code/1"), "/workspace/.main.py")),
+        protected: &protected,
+        ..bare_call(&env, Some(&project))
+    };
+    let argv = options(&call);
+    let expected: Vec<String> = argv
+        .windows(2)
+        .filter(|w| w[0].ends_with("bind") || w[0].ends_with("bind-try"))
+        .map(|w| w[1].clone())
+        .collect();
+    let sources: Vec<String> = bwrap_options_and_sources(&layout(), &call)
+        .1
+        .into_iter()
+        .map(|p| p.into_os_string().into_string().unwrap())
+        .collect();
+    assert_eq!(sources, expected);
+    assert!(
+        sources.contains(&"/run/nsm/code/1".to_string()),
+        "{sources:?}"
+    );
+    assert!(sources.contains(&"/usr".to_string()), "{sources:?}");
+}

@@ -17,6 +17,7 @@
 //! the overlay is unavailable, and the daemon says so and falls back.
 
 pub mod holder;
+pub mod root;
 pub mod stage;
 pub mod view;
 
@@ -272,9 +273,41 @@ impl Nest {
     /// cannot run (`/dev/null`): staging succeeds or fails before the exec,
     /// and nothing is started.
     pub fn probe(&self, run_as: Option<(u32, u32)>, spec: &StageSpec) -> Result<(), String> {
+        self.stage_and_run(run_as, spec, Path::new("/dev/null"), &[])
+            .map(drop)
+    }
+
+    /// Checks that bubblewrap at `bwrap` runs (`--version`) in a sandbox
+    /// whose root holds only `host_root` of the host's (see [`root`]).
+    pub fn probe_host_root(
+        &self,
+        run_as: Option<(u32, u32)>,
+        host_root: Vec<PathBuf>,
+        bwrap: &Path,
+    ) -> Result<(), String> {
+        let spec = StageSpec {
+            host_root,
+            ..StageSpec::scratch()
+        };
+        match self.stage_and_run(run_as, &spec, bwrap, &["--version"])? {
+            Some(status) if status.exit_status() == Some(0) => Ok(()),
+            other => Err(format!("bubblewrap did not run there ({other:?})")),
+        }
+    }
+
+    /// Stages `spec` for `program` with `args`, and waits for the program:
+    /// how it ended, if it started.
+    fn stage_and_run(
+        &self,
+        run_as: Option<(u32, u32)>,
+        spec: &StageSpec,
+        program: &Path,
+        args: &[&str],
+    ) -> Result<Option<rustix::process::WaitStatus>, String> {
         let (entry, receipt) = self.entry(Some(spec), run_as).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new("/dev/null");
-        cmd.env_clear()
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -284,11 +317,17 @@ impl Nest {
         let spawned = cmd.spawn();
         drop(cmd);
         let reported = receipt.collect(spawned.as_ref().ok().map(|c| c.id()));
-        if let Some(pid) = reported.bubblewrap.and_then(rustix::process::Pid::from_raw) {
-            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
-        }
+        let status = reported
+            .bubblewrap
+            .and_then(rustix::process::Pid::from_raw)
+            .and_then(|pid| {
+                rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())
+                    .ok()
+                    .flatten()
+                    .map(|(_, status)| status)
+            });
         match (spawned, reported.staged) {
-            (_, Some(Ok(_))) => Ok(()),
+            (_, Some(Ok(_))) => Ok(status),
             (_, Some(Err(why))) => Err(why),
             (Ok(_), None) => Err("staging ended without a word".to_string()),
             (Err(e), None) => Err(e.to_string()),

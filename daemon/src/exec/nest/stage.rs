@@ -19,7 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
-use rustix::mount::MountFlags;
+use rustix::mount::{MountFlags, MountPropagationFlags};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
@@ -43,6 +43,9 @@ pub struct Spec {
     pub size_bytes: u64,
     pub files: u64,
     pub project: Option<ProjectSpec>,
+    /// The top-level entries of the host's root that the sandbox's
+    /// bubblewrap sees (see `root.rs`); empty: the whole root.
+    pub host_root: Vec<std::path::PathBuf>,
 }
 
 impl Spec {
@@ -52,6 +55,7 @@ impl Spec {
             size_bytes: 1 << 20,
             files: 64,
             project: None,
+            host_root: Vec::new(),
         }
     }
 }
@@ -78,6 +82,8 @@ pub(in crate::exec) enum Step {
     Directories = 7,
     ProjectBind = 8,
     Overlay = 9,
+    HostRoot = 10,
+    Pivot = 11,
 }
 
 impl Step {
@@ -93,6 +99,8 @@ impl Step {
             Step::Directories,
             Step::ProjectBind,
             Step::Overlay,
+            Step::HostRoot,
+            Step::Pivot,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -110,14 +118,19 @@ impl Step {
             Step::Directories => "creating the scratch directories",
             Step::ProjectBind => "binding the project as the overlay's lower layer",
             Step::Overlay => "mounting the project's overlay",
+            Step::HostRoot => "binding the host's directories into the sandbox's own root",
+            Step::Pivot => "changing to the sandbox's own root",
         }
     }
 }
 
 /// A staging plan, prepared before the fork: only C strings and descriptors.
 pub(in crate::exec) struct Plan {
-    root: CString,
+    /// Where the scratch tmpfs is mounted: the stage root, or the same
+    /// path inside the sandbox's own root.
+    scratch: CString,
     tmpfs_options: CString,
+    host_root: Option<RootPlan>,
     /// Who the scratch directories belong to when it is not the stager (a
     /// root daemon's sandboxes run as another uid).
     owner: Option<(u32, u32)>,
@@ -130,7 +143,7 @@ struct ProjectPlan {
     lower_owner: (u32, u32),
     lower_mode: u32,
     host: CString,
-    /// `root/lower`, absolute: the bind's target.
+    /// `scratch/lower`, absolute: the bind's target.
     lower: CString,
     /// Relative to `root`, where the child has changed directory.
     overlay_options: CString,
@@ -149,6 +162,15 @@ impl Plan {
     ) -> io::Result<Plan> {
         use std::os::unix::fs::MetadataExt;
         let c = |s: String| CString::new(s).map_err(|_| io::Error::other("NUL in an option"));
+        let host_root = match spec.host_root.is_empty() {
+            true => None,
+            false => Some(RootPlan::new(root, &spec.host_root)?),
+        };
+        // In the sandbox's own root, at the same path as on the host.
+        let scratch = match host_root {
+            Some(_) => root.join(root.strip_prefix("/").unwrap_or(root)),
+            None => root.to_path_buf(),
+        };
         let project = match &spec.project {
             None => None,
             Some(p) => {
@@ -157,7 +179,7 @@ impl Plan {
                     lower_owner: (meta.uid(), meta.gid()),
                     lower_mode: meta.mode() & 0o7777,
                     host: c_path(&p.host_path)?,
-                    lower: c_path(&root.join(LOWER))?,
+                    lower: c_path(&scratch.join(LOWER))?,
                     overlay_options: c(if p.writable {
                         format!("lowerdir={LOWER},upperdir={UPPER},workdir={WORK},userxattr")
                     } else {
@@ -168,7 +190,8 @@ impl Plan {
             }
         };
         Ok(Plan {
-            root: c_path(root)?,
+            scratch: c_path(&scratch)?,
+            host_root,
             tmpfs_options: c(format!(
                 "size={},nr_inodes={},mode=0755",
                 spec.size_bytes.max(4096),
@@ -185,6 +208,14 @@ impl Plan {
         // the child has one thread.
         unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
             .map_err(|e| (Step::MountNamespace, e))?;
+        if self.host_root.is_some() {
+            // As bubblewrap does: nothing mounted here reaches the host.
+            rustix::mount::mount_change(
+                c"/",
+                MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
+            )
+            .map_err(|e| (Step::HostRoot, e))?;
+        }
         // bubblewrap reads its children's /proc entries by the pids its own
         // pid namespace gives them: /proc must be the nest's.
         rustix::mount::mount(
@@ -195,16 +226,19 @@ impl Plan {
             None,
         )
         .map_err(|e| (Step::Proc, e))?;
+        if let Some(r) = &self.host_root {
+            r.build().map_err(|e| (Step::HostRoot, e))?;
+        }
         rustix::mount::mount(
             c"tmpfs",
-            self.root.as_c_str(),
+            self.scratch.as_c_str(),
             c"tmpfs",
             MountFlags::NOSUID | MountFlags::NODEV,
             Some(self.tmpfs_options.as_c_str()),
         )
         .map_err(|e| (Step::Tmpfs, e))?;
         let dir = rustix::fs::open(
-            self.root.as_c_str(),
+            self.scratch.as_c_str(),
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
@@ -266,7 +300,105 @@ impl Plan {
             let _ = rustix::process::chdir(c"/");
             mounted.map_err(|e| (Step::Overlay, e))?;
         }
+        if let Some(r) = &self.host_root {
+            r.enter().map_err(|e| (Step::Pivot, e))?;
+        }
         Ok(dir)
+    }
+}
+
+/// The sandbox's own root (see `root.rs`), prepared before the fork.
+struct RootPlan {
+    /// Where its tmpfs is mounted before the pivot: the stage root.
+    at: CString,
+    /// Directories bound with what is mounted under them: the host's path,
+    /// the path in the new root before the pivot, the entry's name. The one
+    /// holding the stage root comes first, so that its copy holds nothing
+    /// bound into the new root.
+    binds: Vec<(CString, CString, CString)>,
+    /// Symlinks copied: where they lead, their name.
+    links: Vec<(CString, CString)>,
+    /// bubblewrap mounts its own root's tmpfs on /tmp, which must exist.
+    make_tmp: bool,
+}
+
+impl RootPlan {
+    fn new(at: &Path, entries: &[std::path::PathBuf]) -> io::Result<RootPlan> {
+        let c = |s: &std::ffi::OsStr| {
+            CString::new(s.as_bytes()).map_err(|_| io::Error::other("NUL in a path"))
+        };
+        let mut binds = Vec::new();
+        let mut links = Vec::new();
+        for entry in entries {
+            let Some(name) = entry.file_name() else {
+                continue;
+            };
+            // An entry gone since the recipe was made is left out: what
+            // needed it fails in bubblewrap, with its own message.
+            let Ok(meta) = entry.symlink_metadata() else {
+                continue;
+            };
+            if meta.file_type().is_symlink() {
+                if let Ok(target) = std::fs::read_link(entry) {
+                    links.push((c(target.as_os_str())?, c(name)?));
+                }
+            } else if meta.is_dir() {
+                binds.push((
+                    c_path(entry)?,
+                    c_path(&at.join(name))?,
+                    c(name)?,
+                    at.starts_with(entry),
+                ));
+            }
+        }
+        binds.sort_by_key(|b| !b.3);
+        let make_tmp = !entries.iter().any(|e| e == Path::new("/tmp"));
+        Ok(RootPlan {
+            at: c_path(at)?,
+            binds: binds.into_iter().map(|(a, b, n, _)| (a, b, n)).collect(),
+            links,
+            make_tmp,
+        })
+    }
+
+    /// In the child: mounts the new root and fills it.
+    fn build(&self) -> Result<(), rustix::io::Errno> {
+        rustix::mount::mount(
+            c"tmpfs",
+            self.at.as_c_str(),
+            c"tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            Some(c"size=64k,nr_inodes=64,mode=0755"),
+        )?;
+        let root = rustix::fs::open(
+            self.at.as_c_str(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let dir_mode = Mode::from_raw_mode(0o755);
+        for (host, inside, name) in &self.binds {
+            rustix::fs::mkdirat(&root, name.as_c_str(), dir_mode)?;
+            // Recursive: a tree holding mounts the nest may not reveal
+            // cannot be bound without them.
+            rustix::mount::mount_bind_recursive(host.as_c_str(), inside.as_c_str())?;
+        }
+        for (target, name) in &self.links {
+            rustix::fs::symlinkat(target.as_c_str(), &root, name.as_c_str())?;
+        }
+        if self.make_tmp {
+            rustix::fs::mkdirat(&root, c"tmp", Mode::from_raw_mode(0o1777))?;
+        }
+        Ok(())
+    }
+
+    /// In the child, once everything is staged: makes the new root the
+    /// process's, and lets the host's go (pivot_root(2), with the new root
+    /// as its own put-old directory).
+    fn enter(&self) -> Result<(), rustix::io::Errno> {
+        rustix::process::chdir(self.at.as_c_str())?;
+        rustix::process::pivot_root(c".", c".")?;
+        rustix::mount::unmount(c".", rustix::mount::UnmountFlags::DETACH)?;
+        rustix::process::chdir(c"/")
     }
 }
 
