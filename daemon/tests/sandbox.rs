@@ -43,6 +43,18 @@ async fn exit_codes_and_stderr_are_reported() {
 }
 
 #[tokio::test]
+async fn the_program_starts_with_no_signal_blocked_or_ignored() {
+    // The daemon ignores SIGPIPE and blocks signals while it starts a
+    // sandbox; the program starts as a fresh process would.
+    let o = run(&env("bash"), "grep -E '^Sig(Blk|Ign)' /proc/self/status").await;
+    let masks: Vec<&str> = o.stdout.text.lines().collect();
+    assert_eq!(masks.len(), 2, "{o:?}");
+    for line in masks {
+        assert!(line.ends_with("0000000000000000"), "{line}");
+    }
+}
+
+#[tokio::test]
 async fn identity_is_unprivileged_with_no_capabilities() {
     let o = run(
         &env("bash"),

@@ -1,8 +1,8 @@
-//! What a process the daemon starts does between fork and exec: its
-//! rlimits, giving up root, entering the nest (and staging the sandbox's
-//! filesystems there), dying with the daemon, and inheriting exactly the
-//! descriptors it is meant to. Everything is prepared before the fork; the
-//! child only makes system calls.
+//! What a process the daemon starts does before it execs its program: its
+//! rlimits, entering the nest (and staging the sandbox's filesystems
+//! there), giving up root, dying with the daemon, and inheriting exactly
+//! the descriptors it is meant to. Everything is prepared before the child
+//! starts (see `launch.rs`); the child only makes system calls.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -14,10 +14,10 @@ use rustix::process::{Pid, Signal};
 use super::nest::Entry;
 use crate::limits::Rlimit;
 
-/// Everything the child does between fork and exec, prepared in the parent.
+/// Everything the child does before exec, prepared in the parent.
 pub(super) struct ChildPlan {
     pub(super) rlimits: Vec<Rlimit>,
-    /// The daemon's hard limits, read before the fork: the child must not allocate.
+    /// The daemon's hard limits, read before the child starts: it must not allocate.
     pub(super) hard: Vec<Option<u64>>,
     /// Descriptors the program must inherit (their close-on-exec flag is cleared).
     pub(super) inherit: Arc<Vec<OwnedFd>>,
@@ -42,21 +42,27 @@ impl ChildPlan {
         }
     }
 
-    /// Makes `cmd` follow this plan in its child.
+    /// Makes `cmd` follow a plan without a nest in its forked child (for
+    /// helpers started once; sandboxes start through [`super::launch`]).
     pub(super) fn install(self, cmd: &mut Command) {
+        debug_assert!(self.nest.is_none(), "a nest is entered by launch only");
         // SAFETY: the closure runs between fork and exec in the child.
-        // `apply` makes only async-signal-safe system calls on data prepared
-        // before the fork, and does not allocate, lock, or touch the
-        // parent's threads.
+        // `enter` and `prepare` make only async-signal-safe system calls on
+        // data prepared before the fork, and do not allocate, lock, or touch
+        // the parent's threads.
         unsafe {
-            std::os::unix::process::CommandExt::pre_exec(cmd, move || self.apply());
+            std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+                self.enter()?;
+                self.prepare()
+            });
         }
     }
 
-    /// Runs in the forked child: set the rlimits, enter the nest, give up
-    /// root if we have it, and pass the program exactly the descriptors it needs
-    /// (any the daemon itself inherited stay out of the sandbox).
-    fn apply(&self) -> io::Result<()> {
+    /// In the first child: sets the rlimits and joins the nest, whose pid
+    /// namespace is then its children's (see [`Entry::join`]). The nest
+    /// comes first: a root daemon's nest is root's (see `nest`), and
+    /// staging needs its capabilities there.
+    pub(super) fn enter(&self) -> io::Result<()> {
         use rustix::process::{Resource, setrlimit};
         for (r, hard) in self.rlimits.iter().zip(&self.hard) {
             let cap = |v: u64| hard.map_or(v, |h| v.min(h));
@@ -73,10 +79,19 @@ impl ChildPlan {
             };
             setrlimit(r.resource, limit)?;
         }
-        // The nest first: a root daemon's nest is root's (see `nest`), and
-        // staging needs its capabilities there.
         if let Some(nest) = &self.nest {
-            nest.enter()?;
+            nest.join()?;
+        }
+        Ok(())
+    }
+
+    /// In the process that becomes the program: stages its filesystems in
+    /// the nest, gives up root if we have it, and passes the program
+    /// exactly the descriptors it needs (any the daemon itself inherited
+    /// stay out of the sandbox).
+    pub(super) fn prepare(&self) -> io::Result<()> {
+        if let Some(nest) = &self.nest {
+            nest.stage()?;
         }
         if let Some((uid, gid)) = self.run_as {
             let gid = rustix::process::Gid::from_raw(gid);
@@ -109,7 +124,7 @@ impl ChildPlan {
 /// Marks every descriptor above stderr close-on-exec.
 fn close_inherited_descriptors() {
     // SAFETY: close_range only changes descriptor flags; it touches no memory.
-    // Called in the forked child before exec, where it is async-signal-safe.
+    // Called in the child before exec, where it is async-signal-safe.
     let r = unsafe {
         libc::syscall(
             libc::SYS_close_range,

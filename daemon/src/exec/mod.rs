@@ -7,7 +7,7 @@
 //! 1. **Recipe** (`recipe.rs`): everything a sandbox is fixed to before a call
 //!    arrives: bubblewrap's options, the command, seccomp, rlimits, cgroup
 //!    limits. Equal recipes make interchangeable sandboxes.
-//! 2. **Spawned** (`spawn.rs`): bubblewrap forked and exec'd, blocked reading
+//! 2. **Spawned** (`spawn.rs`): bubblewrap started (`launch.rs`), blocked reading
 //!    its options from a pipe, not yet in its cgroup.
 //! 3. **Prepared** (`sandbox.rs`): in its cgroup, namespaces and mounts built,
 //!    the sandbox's init known by pidfd, waiting on `--block-fd` to start the
@@ -30,6 +30,7 @@
 mod admission;
 pub mod capture;
 mod child;
+mod launch;
 pub mod nest;
 mod outcome;
 mod pidns;
@@ -116,9 +117,8 @@ pub(crate) fn interpret_exit(status: std::process::ExitStatus) -> (Option<i32>, 
 /// prepares its replacement (it does at the call's end if sooner).
 const REFILL_DELAY: Duration = Duration::from_millis(50);
 /// How long after a call's end the pool prepares its replacement: time for
-/// the result to reach the client. Preparing a sandbox forks the daemon,
-/// and the fork holds the daemon's memory map while it copies it, which
-/// would stall the thread writing the result (about 0.6 ms a call here).
+/// the result to reach the client first: setting a sandbox up takes a core
+/// for a few milliseconds.
 const REPLY_GRACE: Duration = Duration::from_millis(2);
 
 /// Code larger than this is written to its file off the runtime's threads.

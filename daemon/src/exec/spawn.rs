@@ -1,19 +1,20 @@
-//! Starting bubblewrap for a recipe: the fork and exec, with the rlimits,
+//! Starting bubblewrap for a recipe (`launch.rs`), with the rlimits,
 //! the identity switch and exactly the descriptors bubblewrap needs set up
 //! between the two; then, off the call's critical path, moving the waiting
 //! bubblewrap into its cgroup, handing it its options and seccomp filter,
 //! and mounting a store view while it waits. The processes are held by
 //! pidfd (see `process.rs`).
 
+use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
 
 use super::child::ChildPlan;
+use super::launch::{Output, launch};
 use super::nest::{Nest, Reaped, Reported, ViewAttach};
 use super::process::{Process, watch_child_of};
 use super::recipe::{Recipe, nul_separated};
@@ -51,9 +52,9 @@ pub(super) struct Spawned {
 }
 
 /// Starts bubblewrap for `recipe`, passing `extra` descriptors on to the
-/// command at their current numbers. Fast (one fork and exec); must run in
+/// command at their current numbers. Fast (a clone and exec); must run in
 /// the tokio runtime, on a thread that outlives the sandbox (bubblewrap's
-/// parent-death signal follows the thread that forked it).
+/// parent-death signal follows the thread that started it).
 pub(super) fn spawn(
     platform: &Platform,
     enforcer: &Enforcer,
@@ -159,26 +160,24 @@ pub(super) fn spawn(
         nest: entry,
         parent: rustix::process::getpid(),
     };
-    let mut cmd = std::process::Command::new(&platform.bwrap);
-    cmd.arg("--args")
-        .arg(options_fd.to_string())
-        .arg("--")
-        .args(&recipe.key.command)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    plan.install(&mut cmd);
-    let spawned = cmd.spawn();
-    // The child's end of the reports closes with the command.
-    drop(cmd);
-    let (mut child, reported) = match receipt {
+    let options_arg = options_fd.to_string();
+    let args: Vec<&OsStr> = [
+        OsStr::new("--args"),
+        OsStr::new(&options_arg),
+        OsStr::new("--"),
+    ]
+    .into_iter()
+    .chain(recipe.key.command.iter().map(OsStr::new))
+    .collect();
+    let spawned = launch(&platform.bwrap, &args, &plan, Output::Piped);
+    // The child's end of the reports closes with the plan.
+    drop(plan);
+    let (launched, reported) = match receipt {
         None => (spawned?, None),
         Some(receipt) => {
-            let reported = receipt.collect(spawned.as_ref().ok().map(|c| c.id()));
+            let reported = receipt.collect(spawned.as_ref().ok().map(|c| c.pid));
             match spawned {
-                Ok(child) => (child, Some(reported)),
+                Ok(launched) => (launched, Some(reported)),
                 Err(e) => {
                     kill_and_reap(reported.bubblewrap);
                     let why = match reported.staged {
@@ -190,12 +189,11 @@ pub(super) fn spawn(
             }
         }
     };
-    let stdout = OwnedFd::from(child.stdout.take().expect("piped"));
-    let stderr = OwnedFd::from(child.stderr.take().expect("piped"));
+    let (stdout, stderr) = launched.output.expect("piped");
     // In the nest, bubblewrap is not the process spawned (that one has
-    // exited) but the one it forked for us.
+    // exited) but the one it started for us.
     let (pid, staged) = match reported {
-        None => (Some(child.id() as i32), None),
+        None => (Some(launched.pid as i32), None),
         Some(Reported {
             bubblewrap: Some(pid),
             staged: Some(Ok(fd)),

@@ -107,7 +107,7 @@ impl Reaped {
     }
 }
 
-/// What a child needs to enter the nest, prepared before the fork.
+/// What a child needs to enter the nest, prepared before it starts.
 pub(super) struct Entry {
     namespaces: Arc<Namespaces>,
     stage: Option<stage::Plan>,
@@ -305,18 +305,13 @@ impl Nest {
         args: &[&str],
     ) -> Result<Option<rustix::process::WaitStatus>, String> {
         let (entry, receipt) = self.entry(Some(spec), run_as).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
         let mut plan = ChildPlan::bare(run_as);
         plan.nest = Some(entry);
-        plan.install(&mut cmd);
-        let spawned = cmd.spawn();
-        drop(cmd);
-        let reported = receipt.collect(spawned.as_ref().ok().map(|c| c.id()));
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+        let spawned =
+            super::launch::launch(program, &args, &plan, super::launch::Output::Discarded);
+        drop(plan);
+        let reported = receipt.collect(spawned.as_ref().ok().map(|l| l.pid));
         let status = reported
             .bubblewrap
             .and_then(rustix::process::Pid::from_raw)
@@ -407,14 +402,13 @@ fn expect_line(helper: &mut Child, line: &[u8], what: &str) -> Result<(), String
 }
 
 impl Entry {
-    /// In the child: joins the nest's user namespace (gaining every
-    /// capability there) and makes the nest's pid namespace its children's,
-    /// then forks the process that becomes the program, as a child of the
-    /// daemon (`CLONE_PARENT`) inside the nest's pid namespace: a process
-    /// cannot move itself there, and bubblewrap creates pid namespaces only
-    /// from its own. This child reports that pid and exits; the new process
-    /// stages the sandbox's filesystems and returns. Only system calls.
-    pub(super) fn enter(&self) -> std::io::Result<()> {
+    /// In the first child (see `exec::launch`): joins the nest's user
+    /// namespace (gaining every capability there) and makes the nest's pid
+    /// namespace its children's. A process cannot move itself into a pid
+    /// namespace, and bubblewrap creates pid namespaces only from its own:
+    /// the process that becomes the program is this one's child, started
+    /// as the daemon's (`CLONE_PARENT`). Only system calls.
+    pub(super) fn join(&self) -> std::io::Result<()> {
         let fail = |step: stage::Step, e: rustix::io::Errno| {
             stage::report(&self.socket, &Err(step));
             std::io::Error::from(e)
@@ -428,39 +422,30 @@ impl Entry {
             self.namespaces.pid.as_fd(),
             Some(LinkNameSpaceType::ProcessID),
         )
-        .map_err(|e| fail(stage::Step::PidNamespace, e))?;
-        // SAFETY: a fork (no shared memory or stack: no CLONE_VM) of this
-        // single-threaded child, whose new process continues below exactly
-        // as after fork(); CLONE_PARENT only gives it our parent.
-        let pid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
-                0usize,
-                0usize,
-                0usize,
-                0usize,
-            )
-        };
-        if pid < 0 {
-            let e = rustix::io::Errno::from_io_error(&std::io::Error::last_os_error());
-            return Err(fail(
-                stage::Step::Fork,
-                e.unwrap_or(rustix::io::Errno::AGAIN),
-            ));
+        .map_err(|e| fail(stage::Step::PidNamespace, e))
+    }
+
+    /// In the first child, once its child has started (`Ok(pid)`, in the
+    /// host's pid namespace) or could not be: tells the daemon.
+    pub(super) fn report_started(&self, started: Result<i32, rustix::io::Errno>) {
+        match started {
+            Ok(pid) => stage::report_pid(&self.socket, pid),
+            Err(_) => stage::report(&self.socket, &Err(stage::Step::Fork)),
         }
-        if pid > 0 {
-            stage::report_pid(&self.socket, pid as i32);
-            // SAFETY: ends this intermediate process at once, running
-            // nothing of the parent's (no destructors, no atexit handlers).
-            unsafe { libc::_exit(0) };
-        }
-        // Its own process group, as the program's would be (kills reach it).
-        rustix::process::setpgid(None, None).map_err(std::io::Error::from)?;
+    }
+
+    /// In the process that becomes the program, inside the nest: its own
+    /// process group (as the program's would be: kills reach it), then the
+    /// sandbox's filesystems, reported to the daemon.
+    pub(super) fn stage(&self) -> std::io::Result<()> {
+        rustix::process::setpgid(None, None)?;
         if let Some(plan) = &self.stage {
             match plan.apply() {
                 Ok(dir) => stage::report(&self.socket, &Ok(dir)),
-                Err((step, e)) => return Err(fail(step, e)),
+                Err((step, e)) => {
+                    stage::report(&self.socket, &Err(step));
+                    return Err(e.into());
+                }
             }
         }
         Ok(())

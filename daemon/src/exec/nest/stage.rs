@@ -1,5 +1,5 @@
 //! Staging a sandbox's writable filesystems inside the nest, in the child
-//! between fork and exec of its bubblewrap: a mount namespace of the
+//! that becomes its bubblewrap, before exec: a mount namespace of the
 //! sandbox's own (so that everything staged disappears with it), with the
 //! nest's /proc (bubblewrap names processes by its own pid namespace), one tmpfs
 //! with a size and a file count holding the scratch directories the jail
@@ -124,7 +124,7 @@ impl Step {
     }
 }
 
-/// A staging plan, prepared before the fork: only C strings and descriptors.
+/// A staging plan, prepared before the child starts: only C strings and descriptors.
 pub(in crate::exec) struct Plan {
     /// Where the scratch tmpfs is mounted: the stage root, or the same
     /// path inside the sandbox's own root.
@@ -307,7 +307,7 @@ impl Plan {
     }
 }
 
-/// The sandbox's own root (see `root.rs`), prepared before the fork.
+/// The sandbox's own root (see `root.rs`), prepared before the child starts.
 struct RootPlan {
     /// Where its tmpfs is mounted before the pivot: the stage root.
     at: CString,
