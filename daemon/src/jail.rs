@@ -135,6 +135,12 @@ pub struct Call<'a> {
     /// of a file under the store, while that happens (the file is hidden
     /// by the view). Without it each store path is bound.
     pub store_view: Option<RawFd>,
+    /// The /proc masks are mounted from outside (see `exec::nest::view`)
+    /// once bubblewrap has mounted /proc: this descriptor is the pipe
+    /// bubblewrap reads, as the content of a file under /tmp, while that
+    /// happens (the file is hidden by the sandbox's /tmp). Without it
+    /// bubblewrap mounts each mask.
+    pub proc_masks_sync: Option<RawFd>,
     /// The project's protected paths that exist on the host as files or
     /// directories (not symlinks), relative: read-only in a read-write project.
     pub protected: &'a [String],
@@ -161,6 +167,10 @@ pub fn code_path(env: &Environment) -> String {
 /// The file under the store that bubblewrap writes while a store view is
 /// mounted over the store (see [`Call::store_view`]); the view hides it.
 pub const VIEW_SYNC_FILE: &str = ".nsm-view-sync";
+
+/// The file bubblewrap writes while the /proc masks are mounted from
+/// outside (see [`Call::proc_masks_sync`]); the sandbox's /tmp hides it.
+pub const PROC_MASKS_SYNC_FILE: &str = "/tmp/.nsm-masks-sync";
 
 /// Where `path` of the sandbox is while bubblewrap sets the sandbox up
 /// (it builds the root at /newroot, then makes it the root): where a store
@@ -295,12 +305,17 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     // size: staged, one tmpfs bounded in size and files holds them all.
     a.pair("--proc", "/proc");
     a.pair("--dev", "/dev");
-    for f in &layout.proc_masked_files {
-        a.bind_ro(&layout.empty_file, f);
-    }
-    for d in &layout.proc_masked_dirs {
-        a.pair_os("--tmpfs", d.as_os_str());
-        a.pair_os("--remount-ro", d.as_os_str());
+    match call.proc_masks_sync {
+        Some(sync) => a.triple("--file", &sync.to_string(), PROC_MASKS_SYNC_FILE),
+        None => {
+            for f in &layout.proc_masked_files {
+                a.bind_ro(&layout.empty_file, f);
+            }
+            for d in &layout.proc_masked_dirs {
+                a.pair_os("--tmpfs", d.as_os_str());
+                a.pair_os("--remount-ro", d.as_os_str());
+            }
+        }
     }
     match call.staged {
         Some(root) => {

@@ -28,6 +28,10 @@ pub struct Platform {
     /// An empty directory: where each store view's tmpfs is mounted, every
     /// one in a mount namespace of its own (see `exec::nest::view`).
     pub view_dir: PathBuf,
+    /// An empty, read-only directory: what covers the /proc directories a
+    /// sandbox must not see, when the masks come from a view (see
+    /// `exec::nest::view`).
+    pub empty_dir: PathBuf,
     /// Where the code of each run is written (mode 0700, owned by the uid
     /// bubblewrap runs as): the file is bound into the sandbox read-only.
     code_dir: PathBuf,
@@ -99,6 +103,10 @@ impl Platform {
         fs::create_dir(&stage_dir).map_err(PlatformError::RuntimeDir)?;
         let view_dir = runtime_dir.path().join("store-view");
         fs::create_dir(&view_dir).map_err(PlatformError::RuntimeDir)?;
+        let empty_dir = runtime_dir.path().join("empty-dir");
+        fs::create_dir(&empty_dir)
+            .and_then(|()| fs::set_permissions(&empty_dir, fs::Permissions::from_mode(0o555)))
+            .map_err(PlatformError::RuntimeDir)?;
         let code_dir = runtime_dir.path().join("code");
         fs::create_dir(&code_dir).map_err(PlatformError::RuntimeDir)?;
         fs::set_permissions(&code_dir, fs::Permissions::from_mode(0o700))
@@ -118,6 +126,7 @@ impl Platform {
             run_as,
             stage_dir,
             view_dir,
+            empty_dir,
             code_dir,
             _runtime_dir: runtime_dir,
         })

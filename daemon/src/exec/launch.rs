@@ -165,6 +165,57 @@ pub(super) fn launch(
     }
 }
 
+/// Runs `body` in a child that shares the daemon's memory (under the rules
+/// in the module's header) and exits with what `body` returns; waits for
+/// it and returns its exit code. For short sequences of system calls in
+/// other namespaces, which a thread of the daemon cannot join.
+pub(super) fn in_child(body: &dyn Fn() -> i32) -> io::Result<i32> {
+    let stacks = Stacks::new()?;
+    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as in `launch`: every signal blocked for the clone, restored after.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+    }
+    // SAFETY: `run_body` runs on a stack of its own and reads `body`, which
+    // outlives it: CLONE_VFORK keeps this thread here until it has exited.
+    let pid = unsafe {
+        libc::clone(
+            run_body,
+            stacks.top(0),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &body as *const &dyn Fn() -> i32 as *mut libc::c_void,
+        )
+    };
+    let clone_error = io::Error::last_os_error();
+    // SAFETY: restores this thread's own mask, saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
+    drop(stacks);
+    let pid = rustix::process::Pid::from_raw(pid).ok_or(clone_error)?;
+    loop {
+        match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
+            Ok(Some((_, status))) => {
+                return status
+                    .exit_status()
+                    .ok_or_else(|| io::Error::other(format!("the child ended with {status:?}")));
+            }
+            Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The child of [`in_child`].
+extern "C" fn run_body(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `&dyn Fn` that `in_child` keeps alive until this
+    // process has exited.
+    let body = unsafe { &*(arg as *const &dyn Fn() -> i32) };
+    let code = body();
+    // SAFETY: ends this process at once, running nothing of the daemon's.
+    unsafe { libc::_exit(code) }
+}
+
 /// `fd`, moved above 0, 1 and 2 when it is one of them (the daemon's own
 /// standard streams may be closed), so that making the child's standard
 /// streams cannot overwrite another.
@@ -373,6 +424,19 @@ mod tests {
         let mut text = String::new();
         std::fs::File::from(fd).read_to_string(&mut text).unwrap();
         text
+    }
+
+    #[test]
+    fn in_child_runs_in_a_process_of_its_own_and_returns_its_exit_code() {
+        let me = rustix::process::getpid();
+        let other = || {
+            if rustix::process::getpid() != me {
+                42
+            } else {
+                1
+            }
+        };
+        assert_eq!(in_child(&other).unwrap(), 42);
     }
 
     #[test]

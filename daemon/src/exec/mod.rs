@@ -69,7 +69,7 @@ use crate::network::Proxy;
 use crate::platform::Platform;
 use admission::{Admission, Budget, Reservation};
 use prestart::Pool;
-use recipe::{Ingredients, Recipe, SeccompCache};
+use recipe::{FromViews, Ingredients, Recipe, SeccompCache};
 use sandbox::{Control, Prepared};
 
 /// Which output stream a chunk came from.
@@ -150,6 +150,10 @@ struct Inner {
     /// Store views by closure (`None`: the view could not be made, and
     /// the closure is bound path by path).
     views: Mutex<HashMap<Vec<PathBuf>, Option<Arc<nest::view::View>>>>,
+    /// The view the /proc masks are mounted from (an empty file and an
+    /// empty directory), when there is a nest; without it, or once it
+    /// failed, bubblewrap mounts each mask.
+    masks: Option<Arc<nest::view::View>>,
     /// Whether interpreters are started ahead of calls (see `warm`).
     warm_start: bool,
 }
@@ -182,6 +186,10 @@ impl Executor {
         if let (Ok(_), Err(e)) = (&nest, &host_root) {
             tracing::warn!("sandboxes see all of the host's mounts: {e}");
         }
+        let masks = match &nest {
+            Ok(n) => proc_masks(n, &platform),
+            Err(_) => None,
+        };
         let executor = Executor {
             inner: Arc::new(Inner {
                 platform,
@@ -195,6 +203,7 @@ impl Executor {
                 host_root,
                 caches: std::sync::RwLock::new(None),
                 views: Mutex::default(),
+                masks,
                 warm_start: std::env::var_os(NO_WARM_VAR).is_none_or(|v| v != "off"),
             }),
         };
@@ -205,10 +214,11 @@ impl Executor {
                 Box::new(move |recipe| {
                     let inner = owner.upgrade()?;
                     // Its calls bind the closure path by path now, on demand.
-                    if recipe
-                        .view
-                        .as_ref()
-                        .is_some_and(|v| v.failed.load(std::sync::atomic::Ordering::SeqCst))
+                    let failed = |v: &Arc<nest::view::View>| {
+                        v.failed.load(std::sync::atomic::Ordering::SeqCst)
+                    };
+                    if recipe.view.as_ref().is_some_and(failed)
+                        || recipe.masks.as_ref().is_some_and(failed)
                     {
                         return Some(Err(std::io::ErrorKind::WouldBlock.into()));
                     }
@@ -287,12 +297,17 @@ impl Executor {
         let view = self
             .view_for(ingredients.env)
             .map(|v| (v, self.inner.platform.view_dir.as_path()));
+        let masks = self
+            .inner
+            .masks
+            .clone()
+            .filter(|m| !m.failed.load(std::sync::atomic::Ordering::SeqCst));
         Recipe::new(
             &self.inner.platform.layout,
             &self.inner.enforcer,
             &self.inner.seccomp,
             stage_root.map(|root| (root, self.inner.host_root.as_ref().ok())),
-            view,
+            FromViews { store: view, masks },
             caches,
             ingredients,
         )
@@ -681,6 +696,25 @@ fn host_root(nest: &nest::Nest, platform: &Platform) -> Result<nest::root::HostR
     let entries = root.entries(&[], &platform.stage_dir);
     nest.probe_host_root(platform.run_as, entries, &platform.bwrap)?;
     Ok(root)
+}
+
+/// The view the /proc masks are mounted from: the empty file (over each
+/// masked file) and the empty directory (over each masked directory).
+/// `None` when there is nothing to mask or the view cannot be made; then
+/// bubblewrap mounts each mask itself.
+fn proc_masks(nest: &nest::Nest, platform: &Platform) -> Option<Arc<nest::view::View>> {
+    let layout = &platform.layout;
+    if layout.proc_masked_files.len() + layout.proc_masked_dirs.len() > nest::view::ATTACH_MOST {
+        return None;
+    }
+    let sources = [layout.empty_file.clone(), platform.empty_dir.clone()];
+    match nest.make_view(&platform.view_dir, &sources) {
+        Ok(v) => Some(Arc::new(v)),
+        Err(e) => {
+            tracing::warn!("bubblewrap mounts each /proc mask itself: {e}");
+            None
+        }
+    }
 }
 
 /// Writes `code` into a prepared sandbox's code file (large code off the

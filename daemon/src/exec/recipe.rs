@@ -62,6 +62,8 @@ pub(super) struct Recipe {
     pub(super) caches: Vec<CacheMount>,
     /// The closure's store view, when the sandbox starts from one.
     pub(super) view: Option<Arc<View>>,
+    /// The view the /proc masks are mounted from, when they are.
+    pub(super) masks: Option<Arc<View>>,
     /// How its interpreter is pre-started, when it can be.
     pub(super) warm: Option<Warm>,
     /// Set when a sandbox of this recipe, let start ahead of its call, ran
@@ -84,6 +86,14 @@ impl SeccompCache {
         cache.insert(allow.to_vec(), p.clone());
         Ok(p)
     }
+}
+
+/// What a sandbox mounts from views (see `nest::view`).
+pub(super) struct FromViews<'a> {
+    /// The closure's store view, and where it is mounted.
+    pub(super) store: Option<(Arc<View>, &'a Path)>,
+    /// The view the /proc masks come from.
+    pub(super) masks: Option<Arc<View>>,
 }
 
 /// The inputs of a recipe besides the host's.
@@ -129,16 +139,17 @@ impl<'a> Ingredients<'a> {
 impl Recipe {
     /// `staging` is where the nest stages sandboxes, when it does, and what
     /// their bubblewrap needs of the host's root when it runs in a root of
-    /// its own; `view`, the closure's store view and where it is mounted.
+    /// its own; `views`, what the sandbox mounts from views.
     pub(super) fn new(
         layout: &HostLayout,
         enforcer: &Enforcer,
         seccomp: &SeccompCache,
         staging: Option<(&Path, Option<&HostRoot>)>,
-        view: Option<(Arc<View>, &Path)>,
+        views: FromViews,
         caches: Vec<CacheMount>,
         i: Ingredients,
     ) -> Result<Recipe, ExecError> {
+        let FromViews { store: view, masks } = views;
         let stage_root = staging.map(|(root, _)| root);
         let program = seccomp
             .get(&i.env.seccomp_allow)
@@ -167,6 +178,7 @@ impl Recipe {
             workdir: i.workdir.as_deref(),
             staged: stage_root,
             store_view: view.as_ref().map(|_| 0),
+            proc_masks_sync: masks.as_ref().map(|_| 0),
             protected: &protected,
             caches: &caches,
             hook_vars: &hook_vars,
@@ -215,6 +227,7 @@ impl Recipe {
             protected,
             caches,
             view: view.map(|(v, _)| v),
+            masks,
             warm,
             warm_failed: AtomicBool::new(false),
         })
@@ -260,34 +273,36 @@ mod tests {
     use super::*;
     use crate::environment::RootFs;
 
-    fn key(closure: &[&str], view: bool) -> RecipeKey {
+    /// A view whose namespace is any descriptor: recipes only hold it.
+    fn any_view() -> Arc<View> {
+        let namespace = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        Arc::new(View {
+            namespace,
+            failed: Default::default(),
+        })
+    }
+
+    fn key(closure: &[&str], view: bool, masks: bool) -> RecipeKey {
         let mut env = crate::app::self_test_env(Default::default());
         env.root = RootFs::Closure {
             store_paths: closure.iter().map(std::path::PathBuf::from).collect(),
             links: Vec::new(),
         };
-        // Any descriptor stands in for a view's mount namespace here.
-        let view = view.then(|| {
-            let namespace = rustix::fs::open(
-                "/dev/null",
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .unwrap();
-            (
-                Arc::new(View {
-                    namespace,
-                    failed: Default::default(),
-                }),
-                Path::new("/run/nsm/store-view"),
-            )
-        });
+        let views = FromViews {
+            store: view.then(|| (any_view(), Path::new("/run/nsm/store-view"))),
+            masks: masks.then(any_view),
+        };
         Recipe::new(
             &HostLayout::default(),
             &Enforcer::rlimits_only("test"),
             &SeccompCache::default(),
             Some((Path::new("/run/nsm/stage"), None)),
-            view,
+            views,
             Vec::new(),
             Ingredients {
                 env: &env,
@@ -309,10 +324,16 @@ mod tests {
         let a = ["/nix/store/aaa-bash", "/nix/store/bbb-glibc"];
         let b = ["/nix/store/aaa-bash", "/nix/store/ccc-glibc"];
         for view in [true, false] {
-            assert_eq!(key(&a, view), key(&a, view));
+            assert_eq!(key(&a, view, true), key(&a, view, true));
             // Through a view the options are the same for both closures.
-            assert_ne!(key(&a, view), key(&b, view), "view: {view}");
+            assert_ne!(key(&a, view, true), key(&b, view, true), "view: {view}");
         }
-        assert_ne!(key(&a, true), key(&a, false));
+        assert_ne!(key(&a, true, true), key(&a, false, true));
+    }
+
+    #[test]
+    fn a_sandbox_prepared_with_the_proc_masks_from_their_view_is_never_taken_without() {
+        let a = ["/nix/store/aaa-bash"];
+        assert_ne!(key(&a, false, true), key(&a, false, false));
     }
 }

@@ -47,6 +47,8 @@ pub(super) struct Spawned {
     /// A store view: the write end of the pipe bubblewrap waits on, and
     /// what mounts the view meanwhile.
     view: Option<(OwnedFd, ViewAttach)>,
+    /// The /proc masks: as `view`, earlier in bubblewrap's set-up.
+    masks: Option<(OwnedFd, ViewAttach)>,
     /// In the nest: what its init reaped (the sandbox's init ends up there).
     reaped: Option<Arc<Reaped>>,
 }
@@ -87,11 +89,23 @@ pub(super) fn spawn(
             match jail::store_dir(store_paths) {
                 Some(store) => Some((
                     full_pipe()?,
-                    n.view_attach(v.clone(), &platform.view_dir, &jail::while_set_up(store))?,
+                    n.view_attach(
+                        v.clone(),
+                        &[(platform.view_dir.clone(), jail::while_set_up(store))],
+                    )?,
                 )),
                 None => None,
             }
         }
+        _ => None,
+    };
+    // The /proc masks from their view: the same kind of pipe, read once
+    // bubblewrap has mounted /proc.
+    let masks = match (nest, &recipe.masks) {
+        (Some(n), Some(m)) => Some((
+            full_pipe()?,
+            n.view_attach(m.clone(), &mask_mounts(platform))?,
+        )),
         _ => None,
     };
     let hook_vars = match (&recipe.warm, &go) {
@@ -117,11 +131,16 @@ pub(super) fn spawn(
         workdir: recipe.workdir.as_deref(),
         staged: nest.map(|_| platform.stage_dir.as_path()),
         store_view: view.as_ref().map(|((r, _), _)| r.as_raw_fd()),
+        proc_masks_sync: masks.as_ref().map(|((r, _), _)| r.as_raw_fd()),
         protected: &recipe.protected,
         caches: &recipe.caches,
         hook_vars: &hook_vars,
     };
     let (view_sync, view) = match view {
+        Some(((r, w), attach)) => (Some(r), Some((w, attach))),
+        None => (None, None),
+    };
+    let (masks_sync, masks) = match masks {
         Some(((r, w), attach)) => (Some(r), Some((w, attach))),
         None => (None, None),
     };
@@ -153,6 +172,7 @@ pub(super) fn spawn(
                 .into_iter()
                 .chain(go_r)
                 .chain(view_sync)
+                .chain(masks_sync)
                 .chain(extra)
                 .collect(),
         ),
@@ -232,6 +252,7 @@ pub(super) fn spawn(
         staged,
         go,
         view,
+        masks,
         reaped: nest.map(|n| n.reaped().clone()),
     })
 }
@@ -257,8 +278,9 @@ fn full_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// The smallest pipe the kernel makes.
 const PIPE_PAGE: usize = 4096;
 
-/// Waits until bubblewrap reads the (full) `sync` pipe, every other mount
-/// made, then mounts the store view; dropping `sync` lets bubblewrap go on.
+/// Waits until bubblewrap reads the (full) `sync` pipe, then mounts what
+/// `attach` mounts (the /proc masks, a store view); dropping `sync` lets
+/// bubblewrap go on.
 /// A bubblewrap that ended first is left for the run to report.
 fn mount_view(sync: OwnedFd, attach: &ViewAttach, pid: i32) -> io::Result<()> {
     use rustix::event::{PollFd, PollFlags, Timespec};
@@ -285,6 +307,25 @@ fn mount_view(sync: OwnedFd, attach: &ViewAttach, pid: i32) -> io::Result<()> {
         return Ok(());
     }
     attach.run(pid)
+}
+
+/// Each /proc mask's source in the masks' view and its target while
+/// bubblewrap sets the sandbox up (see `Executor`'s `proc_masks`).
+fn mask_mounts(platform: &Platform) -> Vec<(std::path::PathBuf, std::path::PathBuf)> {
+    let in_view = |p: &std::path::Path| platform.view_dir.join(p.file_name().unwrap_or_default());
+    let layout = &platform.layout;
+    let files = layout
+        .proc_masked_files
+        .iter()
+        .map(|f| (in_view(&layout.empty_file), f));
+    let dirs = layout
+        .proc_masked_dirs
+        .iter()
+        .map(|d| (in_view(&platform.empty_dir), d));
+    files
+        .chain(dirs)
+        .map(|(source, target)| (source, jail::while_set_up(target)))
+        .collect()
 }
 
 /// Kills and reaps a child the daemon could not take charge of.
@@ -328,6 +369,11 @@ impl Spawned {
         let mut listener = None;
         let init = match init {
             Some((pid, watched)) => {
+                // In bubblewrap's order: the masks once /proc is mounted,
+                // the store view after every other mount.
+                if let Some((sync, attach)) = self.masks.take() {
+                    mount_view(sync, &attach, pid)?;
+                }
                 if let Some((sync, attach)) = self.view.take() {
                     mount_view(sync, &attach, pid)?;
                 }

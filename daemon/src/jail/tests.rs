@@ -82,6 +82,7 @@ fn bare_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Cal
         workdir: None,
         staged: None,
         store_view: None,
+        proc_masks_sync: None,
         protected: &[],
         caches: &[],
         hook_vars: &[],
@@ -367,6 +368,28 @@ fn host_identifying_proc_files_are_masked_over_the_new_proc() {
     assert!(pos(&a, &["--ro-bind", "/run/nsm/empty", "/proc/cmdline"]) > proc_at);
     let emptied = pos(&a, &["--tmpfs", "/proc/acpi", "--remount-ro", "/proc/acpi"]);
     assert!(emptied > proc_at);
+}
+
+#[test]
+fn proc_masks_mounted_from_outside_leave_bubblewrap_a_sync_file_under_tmp() {
+    let env = env();
+    for staged in [None, Some(Path::new("/run/nsm/stage"))] {
+        let a = options(&Call {
+            proc_masks_sync: Some(6),
+            staged,
+            ..bare_call(&env, None)
+        });
+        // Once /proc is mounted, before the sandbox's /tmp hides the file.
+        let sync = pos(&a, &["--file", "6", PROC_MASKS_SYNC_FILE]);
+        assert!(sync > pos(&a, &["--proc", "/proc"]), "{a:?}");
+        let tmp = a.iter().rposition(|x| x == "/tmp").unwrap();
+        assert!(a[tmp - 1] == "--tmpfs" || a[tmp - 2] == "--bind", "{a:?}");
+        assert!(tmp > sync, "{a:?}");
+        assert!(
+            !a.iter().any(|x| x == "/proc/cmdline" || x == "/proc/acpi"),
+            "{a:?}"
+        );
+    }
 }
 
 #[test]

@@ -115,24 +115,20 @@ pub(super) struct Entry {
     socket: OwnedFd,
 }
 
-/// Mounts a store view into one sandbox while its bubblewrap waits.
+/// Mounts what a view holds (a store, the /proc masks) into one sandbox
+/// while its bubblewrap waits.
 pub(super) struct ViewAttach {
     namespaces: Arc<Namespaces>,
     view: Arc<view::View>,
-    view_dir: std::ffi::CString,
-    target: std::ffi::CString,
+    /// Each mount: its source in the view, its target in the sandbox.
+    mounts: Vec<(std::ffi::CString, std::ffi::CString)>,
 }
 
 impl ViewAttach {
-    /// Mounts the view in the mount namespace of bubblewrap's process `pid`.
+    /// Mounts them in the mount namespace of bubblewrap's process `pid`; a
+    /// view that failed is marked, and not used again.
     pub(super) fn run(&self, pid: i32) -> std::io::Result<()> {
-        let result = view::attach(
-            &self.namespaces.user,
-            &self.view,
-            &self.view_dir,
-            pid,
-            &self.target,
-        );
+        let result = view::attach(&self.namespaces.user, &self.view, &self.mounts, pid);
         if result.is_err() {
             self.view
                 .failed
@@ -244,23 +240,28 @@ impl Nest {
         view::make(&user, view_dir, paths)
     }
 
-    /// What mounts `view` (made at `view_dir`) over `target` in a sandbox
-    /// being set up (see [`view::attach`]).
+    /// What mounts, from `view`, each `(source, target)` of `mounts` (the
+    /// source in the view's namespace) in a sandbox being set up (see
+    /// [`view::attach`]).
     pub(super) fn view_attach(
         &self,
         view: Arc<view::View>,
-        view_dir: &Path,
-        target: &Path,
+        mounts: &[(PathBuf, PathBuf)],
     ) -> std::io::Result<ViewAttach> {
         let c = |p: &Path| {
             std::ffi::CString::new(p.as_os_str().as_bytes())
                 .map_err(|_| std::io::Error::other("a path with a NUL byte"))
         };
+        if mounts.len() > view::ATTACH_MOST {
+            return Err(std::io::Error::other("too many mounts from one view"));
+        }
         Ok(ViewAttach {
             namespaces: self.namespaces.clone(),
             view,
-            view_dir: c(view_dir)?,
-            target: c(target)?,
+            mounts: mounts
+                .iter()
+                .map(|(source, target)| Ok((c(source)?, c(target)?)))
+                .collect::<std::io::Result<_>>()?,
         })
     }
 

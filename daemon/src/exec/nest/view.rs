@@ -186,25 +186,28 @@ fn view(user_namespace: &Path, view_dir: &Path) -> std::io::Result<()> {
 
 /// The steps of [`attach`], in order; the child exits with the number of
 /// the one that failed.
-const ATTACH_STEPS: [&str; 5] = [
+const ATTACH_STEPS: [&str; 6] = [
     "joining the nest's user namespace",
     "joining the view's mount namespace",
     "copying the view",
     "joining the sandbox's mount namespace",
-    "mounting the view over the store",
+    "mounting the copy in the sandbox",
+    "counting the mounts",
 ];
 
-/// Mounts a copy of `view` (at `view_dir` in its namespace) over `target`
-/// in the mount namespace of process `pid`, from a child that joins
-/// `user_namespace` (the nest's, which owns both namespaces). Blocking (a
-/// fork and five system calls; the copy is one mount per store path, made
-/// by the kernel in one go).
+/// The most mounts one [`attach`] makes.
+pub(in crate::exec) const ATTACH_MOST: usize = 16;
+
+/// Mounts a copy of each `(source, target)` of `mounts`, `source` in
+/// `view`'s namespace and `target` in the mount namespace of process `pid`,
+/// from a child that joins `user_namespace` (the nest's, which owns both
+/// namespaces). Blocking (a child and a few system calls a mount; a copy of
+/// a store is one mount per store path, made by the kernel in one go).
 pub(in crate::exec) fn attach(
     user_namespace: &OwnedFd,
     view: &View,
-    view_dir: &std::ffi::CStr,
+    mounts: &[(std::ffi::CString, std::ffi::CString)],
     pid: i32,
-    target: &std::ffi::CStr,
 ) -> std::io::Result<()> {
     use rustix::mount::{MoveMountFlags, OpenTreeFlags};
     let sandbox = rustix::fs::open(
@@ -212,70 +215,66 @@ pub(in crate::exec) fn attach(
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )?;
-    // SAFETY: the child makes only system calls (no allocation, no lock:
-    // every path is a CStr prepared above) and ends with _exit; this
-    // process may have other threads, whose state the child never touches.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if child == 0 {
-        let cwd = rustix::fs::CWD;
-        let failed = (|| {
-            let join = |ns: &OwnedFd, kind| {
-                rustix::thread::move_into_link_name_space(ns.as_fd(), Some(kind)).is_err()
-            };
-            if join(user_namespace, LinkNameSpaceType::User) {
-                return 1;
-            }
-            if join(&view.namespace, LinkNameSpaceType::Mount) {
-                return 2;
-            }
-            let Ok(tree) = rustix::mount::open_tree(
+    let cwd = rustix::fs::CWD;
+    // Only system calls, on values prepared above (see `launch::in_child`);
+    // the copies are the child's descriptors, closed in the child.
+    let steps = || {
+        if mounts.len() > ATTACH_MOST {
+            return 6;
+        }
+        let join = |ns: &OwnedFd, kind| {
+            rustix::thread::move_into_link_name_space(ns.as_fd(), Some(kind)).is_err()
+        };
+        if join(user_namespace, LinkNameSpaceType::User) {
+            return 1;
+        }
+        if join(&view.namespace, LinkNameSpaceType::Mount) {
+            return 2;
+        }
+        let mut trees: [Option<OwnedFd>; ATTACH_MOST] = Default::default();
+        for ((source, _), tree) in mounts.iter().zip(trees.iter_mut()) {
+            match rustix::mount::open_tree(
                 cwd,
-                view_dir,
+                source.as_c_str(),
                 OpenTreeFlags::OPEN_TREE_CLONE
                     | OpenTreeFlags::AT_RECURSIVE
                     | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            ) else {
+            ) {
+                Ok(fd) => *tree = Some(fd),
+                Err(_) => return 3,
+            }
+        }
+        if join(&sandbox, LinkNameSpaceType::Mount) {
+            return 4;
+        }
+        for ((_, target), tree) in mounts.iter().zip(trees.iter()) {
+            let Some(tree) = tree else {
                 return 3;
             };
-            if join(&sandbox, LinkNameSpaceType::Mount) {
-                return 4;
-            }
-            match rustix::mount::move_mount(
+            if rustix::mount::move_mount(
                 tree.as_fd(),
                 c"",
                 cwd,
-                target,
+                target.as_c_str(),
                 MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-            ) {
-                Ok(()) => 0,
-                Err(_) => 5,
+            )
+            .is_err()
+            {
+                return 5;
             }
-        })();
-        // SAFETY: ends the child at once, running nothing of the parent's.
-        unsafe { libc::_exit(failed) };
-    }
-    let child = rustix::process::Pid::from_raw(child).expect("a child's pid is positive");
-    let status = loop {
-        match rustix::process::waitpid(Some(child), rustix::process::WaitOptions::empty()) {
-            Ok(Some((_, status))) => break status,
-            Ok(None) => continue,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
         }
+        0
     };
-    match status.exit_status() {
-        Some(0) => Ok(()),
-        Some(step) if (1..=ATTACH_STEPS.len() as i32).contains(&step) => {
+    match crate::exec::launch::in_child(&steps)? {
+        0 => Ok(()),
+        step if (1..=ATTACH_STEPS.len() as i32).contains(&step) => {
             Err(std::io::Error::other(format!(
-                "cannot mount the store view: {} failed",
+                "cannot mount from a view: {} failed",
                 ATTACH_STEPS[step as usize - 1]
             )))
         }
-        _ => Err(std::io::Error::other(format!(
-            "cannot mount the store view: its helper ended with {status:?}"
+        other => Err(std::io::Error::other(format!(
+            "cannot mount from a view: its helper exited with {other}"
         ))),
     }
 }
