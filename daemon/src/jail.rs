@@ -99,6 +99,10 @@ pub mod staged {
     pub const WORKSPACE: &str = "workspace";
     pub const TMP: &str = "tmp";
     pub const SHM: &str = "shm";
+    /// The sandbox's /dev, as bubblewrap's `--dev` makes it (device nodes
+    /// bound from the host's, a new devpts, the usual links), with
+    /// [`SHM`] bound at `dev/shm`.
+    pub const DEV: &str = "dev";
     /// The project's overlay (writable or read-only).
     pub const PROJECT: &str = "project";
 }
@@ -304,7 +308,15 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     // Kernel interfaces and scratch space. Every writable filesystem has a
     // size: staged, one tmpfs bounded in size and files holds them all.
     a.pair("--proc", "/proc");
-    a.pair("--dev", "/dev");
+    match call.staged {
+        // One bind, where `--dev` makes one per device node.
+        Some(root) => a.triple_os(
+            "--dev-bind",
+            root.join(staged::DEV).as_os_str(),
+            "/dev".as_ref(),
+        ),
+        None => a.pair("--dev", "/dev"),
+    }
     match call.proc_masks_sync {
         Some(sync) => a.triple("--file", &sync.to_string(), PROC_MASKS_SYNC_FILE),
         None => {
@@ -319,11 +331,7 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     }
     match call.staged {
         Some(root) => {
-            for (dir, at) in [
-                (staged::SHM, "/dev/shm"),
-                (staged::TMP, TMP),
-                (staged::WORKSPACE, WORKSPACE),
-            ] {
+            for (dir, at) in [(staged::TMP, TMP), (staged::WORKSPACE, WORKSPACE)] {
                 a.triple_os("--bind", root.join(dir).as_os_str(), at.as_ref());
             }
         }
@@ -338,8 +346,9 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
             a.pair("--tmpfs", WORKSPACE);
         }
     }
-    // bubblewrap's /dev is a tmpfs of its own, unbounded; with /dev/shm
-    // mounted, nothing else there needs writing (device nodes are binds).
+    // bubblewrap's /dev is a tmpfs of its own, unbounded (staged, a
+    // directory of the staged tmpfs); with /dev/shm mounted, nothing else
+    // there needs writing (device nodes are binds).
     a.pair("--remount-ro", "/dev");
 
     if let Some(p) = call.project {

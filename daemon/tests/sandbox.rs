@@ -55,6 +55,31 @@ async fn the_program_starts_with_no_signal_blocked_or_ignored() {
 }
 
 #[tokio::test]
+async fn dev_holds_the_usual_nodes_a_new_pty_and_a_writable_shm_and_nothing_else_writable() {
+    let code = "import os, pty\n\
+        print(sorted(os.listdir('/dev')))\n\
+        m, s = pty.openpty()\n\
+        print(os.ttyname(s), sorted(os.listdir('/dev/pts')))\n\
+        open('/dev/shm/x', 'w').write('y')\n\
+        print(open('/dev/null').read() == '', len(open('/dev/urandom', 'rb').read(4)))\n\
+        print(os.readlink('/dev/fd'), os.readlink('/dev/ptmx'), os.readlink('/dev/stdin'))\n\
+        try:\n    open('/dev/x', 'w')\nexcept OSError as e:\n    print(e.errno)\n";
+    let o = run(&env("python"), code).await;
+    let lines: Vec<&str> = o.stdout.text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "['core', 'fd', 'full', 'null', 'ptmx', 'pts', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'tty', 'urandom', 'zero']",
+            "/dev/pts/0 ['0', 'ptmx']",
+            "True 4",
+            "/proc/self/fd pts/ptmx /proc/self/fd/0",
+            "30",
+        ],
+        "{o:?}"
+    );
+}
+
+#[tokio::test]
 async fn identity_is_unprivileged_with_no_capabilities() {
     let o = run(
         &env("bash"),

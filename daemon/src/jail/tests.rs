@@ -343,16 +343,18 @@ fn caches_are_bound_writable_over_the_home_and_the_project() {
 #[test]
 fn staged_writable_filesystems_are_directories_of_one_bounded_tmpfs() {
     let a = argv_staged(&env(), None, &[], Some(Path::new("/run/nsm/stage")));
-    for (dir, at) in [
-        ("shm", "/dev/shm"),
-        ("tmp", "/tmp"),
-        ("workspace", "/workspace"),
-    ] {
+    for (dir, at) in [("tmp", "/tmp"), ("workspace", "/workspace")] {
         assert!(
             has(&a, &["--bind", &format!("/run/nsm/stage/{dir}"), at]),
             "{at}"
         );
     }
+    // /dev, with /dev/shm in it, is staged too: one bind instead of `--dev`.
+    assert!(
+        has(&a, &["--dev-bind", "/run/nsm/stage/dev", "/dev"]),
+        "{a:?}"
+    );
+    assert!(!a.iter().any(|x| x == "--dev" || x == "/dev/shm"), "{a:?}");
     // Only the emptied /proc directories are tmpfs of their own (read-only, empty).
     assert!(!a.iter().any(|x| x == "--size"), "{a:?}");
     for w in a.windows(2).filter(|w| w[0] == "--tmpfs") {
@@ -395,11 +397,13 @@ fn proc_masks_mounted_from_outside_leave_bubblewrap_a_sync_file_under_tmp() {
 #[test]
 fn dev_is_read_only_once_dev_shm_is_mounted() {
     let env = env();
-    for staged in [None, Some(Path::new("/run/nsm/stage"))] {
-        let a = argv_staged(&env, None, &[], staged);
-        let shm = a.iter().rposition(|x| x == "/dev/shm").unwrap();
-        assert!(pos(&a, &["--remount-ro", "/dev"]) > shm, "{a:?}");
-    }
+    let a = argv_staged(&env, None, &[], None);
+    let shm = a.iter().rposition(|x| x == "/dev/shm").unwrap();
+    assert!(pos(&a, &["--remount-ro", "/dev"]) > shm, "{a:?}");
+    // Staged, /dev/shm is mounted in /dev before bubblewrap binds it.
+    let a = argv_staged(&env, None, &[], Some(Path::new("/run/nsm/stage")));
+    let dev = pos(&a, &["--dev-bind", "/run/nsm/stage/dev", "/dev"]);
+    assert!(pos(&a, &["--remount-ro", "/dev"]) > dev, "{a:?}");
 }
 
 #[test]

@@ -84,6 +84,7 @@ pub(in crate::exec) enum Step {
     Overlay = 9,
     HostRoot = 10,
     Pivot = 11,
+    Dev = 12,
 }
 
 impl Step {
@@ -101,6 +102,7 @@ impl Step {
             Step::Overlay,
             Step::HostRoot,
             Step::Pivot,
+            Step::Dev,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -120,6 +122,7 @@ impl Step {
             Step::Overlay => "mounting the project's overlay",
             Step::HostRoot => "binding the host's directories into the sandbox's own root",
             Step::Pivot => "changing to the sandbox's own root",
+            Step::Dev => "making the sandbox's /dev",
         }
     }
 }
@@ -135,7 +138,31 @@ pub(in crate::exec) struct Plan {
     /// root daemon's sandboxes run as another uid).
     owner: Option<(u32, u32)>,
     project: Option<ProjectPlan>,
+    dev: DevPlan,
 }
+
+/// The sandbox's /dev on the scratch tmpfs (see [`staged::DEV`]): absolute
+/// targets under the scratch tmpfs.
+struct DevPlan {
+    /// Each device node: the host's, and where it is bound.
+    nodes: Vec<(CString, CString)>,
+    pts: CString,
+    /// The scratch `shm` directory, and `dev/shm`.
+    shm: (CString, CString),
+}
+
+/// The device nodes a sandbox's /dev holds: bubblewrap's `--dev` set.
+const DEVICE_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// The links of a sandbox's /dev, as `--dev` makes them: name, target.
+const DEVICE_LINKS: [(&str, &str); 6] = [
+    ("dev/stdin", "/proc/self/fd/0"),
+    ("dev/stdout", "/proc/self/fd/1"),
+    ("dev/stderr", "/proc/self/fd/2"),
+    ("dev/fd", "/proc/self/fd"),
+    ("dev/core", "/proc/kcore"),
+    ("dev/ptmx", "pts/ptmx"),
+];
 
 struct ProjectPlan {
     /// The project directory's owner and mode, which the overlay's root
@@ -189,7 +216,20 @@ impl Plan {
                 })
             }
         };
+        let dev = scratch.join(staged::DEV);
+        let dev = DevPlan {
+            nodes: DEVICE_NODES
+                .iter()
+                .map(|n| Ok((c_path(&Path::new("/dev").join(n))?, c_path(&dev.join(n))?)))
+                .collect::<io::Result<_>>()?,
+            pts: c_path(&dev.join("pts"))?,
+            shm: (
+                c_path(&scratch.join(staged::SHM))?,
+                c_path(&dev.join("shm"))?,
+            ),
+        };
         Ok(Plan {
+            dev,
             scratch: c_path(&scratch)?,
             host_root,
             tmpfs_options: c(format!(
@@ -271,6 +311,9 @@ impl Plan {
                 chown(name, owner)?;
             }
         }
+        self.dev
+            .build(&dir, self.owner)
+            .map_err(|e| (Step::Dev, e))?;
         if let Some(p) = &self.project {
             let mode = Mode::from_raw_mode(p.lower_mode);
             rustix::fs::chmodat(&dir, UPPER, mode, rustix::fs::AtFlags::empty())
@@ -304,6 +347,50 @@ impl Plan {
             r.enter().map_err(|e| (Step::Pivot, e))?;
         }
         Ok(dir)
+    }
+}
+
+impl DevPlan {
+    /// In the child: makes `dev` in the scratch tmpfs (`scratch`) as
+    /// bubblewrap's `--dev` would, owned by `owner` when given.
+    fn build(&self, scratch: &OwnedFd, owner: Option<(u32, u32)>) -> Result<(), rustix::io::Errno> {
+        use rustix::fs::{AtFlags, Gid, Uid};
+        let dir =
+            |name: &str, mode: u32| rustix::fs::mkdirat(scratch, name, Mode::from_raw_mode(mode));
+        dir(staged::DEV, 0o755)?;
+        dir("dev/pts", 0o755)?;
+        dir("dev/shm", 0o755)?;
+        for (source, target) in &self.nodes {
+            // A file to bind the node over, as `--dev` makes.
+            drop(rustix::fs::open(
+                target.as_c_str(),
+                OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o444),
+            )?);
+            rustix::mount::mount_bind(source.as_c_str(), target.as_c_str())?;
+        }
+        for (name, target) in DEVICE_LINKS {
+            rustix::fs::symlinkat(target, scratch, name)?;
+        }
+        rustix::mount::mount(
+            c"devpts",
+            self.pts.as_c_str(),
+            c"devpts",
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+            Some(c"newinstance,ptmxmode=0666,mode=620"),
+        )?;
+        rustix::mount::mount_bind(self.shm.0.as_c_str(), self.shm.1.as_c_str())?;
+        if let Some((uid, gid)) = owner {
+            let (uid, gid) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+            rustix::fs::chownat(scratch, staged::DEV, uid, gid, AtFlags::empty())?;
+            for (name, _) in DEVICE_LINKS {
+                rustix::fs::chownat(scratch, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?;
+            }
+            // Only the listing of /dev/pts shows its root's owner (the
+            // host's root, where the nest may not map it).
+            let _ = rustix::fs::chownat(scratch, "dev/pts", uid, gid, AtFlags::empty());
+        }
+        Ok(())
     }
 }
 
