@@ -118,36 +118,19 @@ pub(super) fn launch(
         failed: AtomicI32::new(0),
     };
 
-    // SAFETY: every signal is blocked on this thread for the clone (the
-    // children inherit the mask, see the module's header) and restored
-    // after; the sets are plain values on this stack.
-    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
-    }
-    // SAFETY: `first` runs on a stack of its own (mapped above, unused by
-    // anyone else) and reads `shared`, which outlives it: CLONE_VFORK
-    // keeps this thread here until the child has exec'd or exited (in the
-    // nest, until the first child has exited, after its own child has
-    // exec'd or exited). The children follow the rules in the module's
-    // header.
-    let pid = unsafe {
-        libc::clone(
+    // SAFETY: `first` reads `shared`, which outlives it: CLONE_VFORK keeps
+    // this thread here until the child has exec'd or exited (in the nest,
+    // until the first child has exited, after its own child has exec'd or
+    // exited). The children follow the rules in the module's header.
+    let started = unsafe {
+        clone_sharing_memory(
             first,
-            stacks.top(0),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &stacks,
             &shared as *const Shared as *mut libc::c_void,
         )
     };
-    let clone_error = io::Error::last_os_error();
-    // SAFETY: restores this thread's own mask, saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
     drop(stacks);
-    if pid < 0 {
-        return Err(clone_error);
-    }
+    let pid = started?;
     match shared.failed.load(Ordering::SeqCst) {
         0 => Ok(Launched {
             pid: pid as u32,
@@ -171,28 +154,17 @@ pub(super) fn launch(
 /// other namespaces, which a thread of the daemon cannot join.
 pub(super) fn in_child(body: &dyn Fn() -> i32) -> io::Result<i32> {
     let stacks = Stacks::new()?;
-    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as in `launch`: every signal blocked for the clone, restored after.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
-    }
-    // SAFETY: `run_body` runs on a stack of its own and reads `body`, which
-    // outlives it: CLONE_VFORK keeps this thread here until it has exited.
-    let pid = unsafe {
-        libc::clone(
+    // SAFETY: `run_body` reads `body`, which outlives it: CLONE_VFORK keeps
+    // this thread here until the child has exited.
+    let started = unsafe {
+        clone_sharing_memory(
             run_body,
-            stacks.top(0),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &stacks,
             &body as *const &dyn Fn() -> i32 as *mut libc::c_void,
         )
     };
-    let clone_error = io::Error::last_os_error();
-    // SAFETY: restores this thread's own mask, saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
     drop(stacks);
-    let pid = rustix::process::Pid::from_raw(pid).ok_or(clone_error)?;
+    let pid = rustix::process::Pid::from_raw(started?).expect("a child's pid is positive");
     loop {
         match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
             Ok(Some((_, status))) => {
@@ -204,6 +176,45 @@ pub(super) fn in_child(body: &dyn Fn() -> i32) -> io::Result<i32> {
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Starts `child(arg)` on the first of `stacks`, sharing this process's
+/// memory, and returns its pid once it has exec'd or exited
+/// (`CLONE_VFORK`). Every signal is blocked on this thread for the clone,
+/// so that the child starts with all blocked (see the module's header),
+/// and restored after.
+///
+/// # Safety
+/// `arg` must stay valid until the child has exec'd or exited, and the
+/// child must follow the rules in the module's header.
+unsafe fn clone_sharing_memory(
+    child: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    stacks: &Stacks,
+    arg: *mut libc::c_void,
+) -> io::Result<i32> {
+    // SAFETY: the signal sets are plain values on this stack; the mask
+    // saved is this thread's own, put back below.
+    let saved = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut saved: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+        saved
+    };
+    // SAFETY: the child runs on a stack of its own, mapped for it and used
+    // by no one else; the caller vouches for `arg` and the child.
+    let pid = unsafe {
+        libc::clone(
+            child,
+            stacks.top(0),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            arg,
+        )
+    };
+    let clone_error = io::Error::last_os_error();
+    // SAFETY: puts back this thread's mask, saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut()) };
+    if pid < 0 { Err(clone_error) } else { Ok(pid) }
 }
 
 /// The child of [`in_child`].
