@@ -470,21 +470,25 @@ impl Executor {
         let (counted, fired) = sandbox.settle_call();
         let network = sandbox.network_report();
         let upper = sandbox.upper_layer().map(Arc::new);
-        // Without a cgroup that counts, the kernel's own account, which the
-        // sandbox's init holds (bubblewrap does not wait for it).
-        let init_usage = match counted.cpu {
-            None => sandbox.reap_init_usage().await,
+        // Without a cgroup that counts, the kernel's own account: that of
+        // the sandbox's init (bubblewrap does not wait for it), else
+        // bubblewrap's, both known once bubblewrap has exited.
+        let fallback_usage = match counted.cpu {
+            None => {
+                let exit = sandbox.ended().await;
+                sandbox.reap_init_usage().await.or(exit.usage)
+            }
             Some(_) => None,
         };
         if kept {
             self.refill_after(&recipe, REPLY_GRACE);
         }
-        sandbox.finish();
         let set_up_failed = matches!(watched.end, End::Exited(_))
             && self.inner.platform.layout.json_status_fd
             && !sandbox.program_ran();
-        drop(sandbox);
-        process::reap_orphans();
+        // bubblewrap may still be tearing the sandbox's namespaces down
+        // after reporting the exit: not the call's to wait for.
+        tokio::spawn(sandbox.wind_down());
         if set_up_failed {
             let message = watched.stderr.text.trim();
             return Err(ExecError::Setup(if message.is_empty() {
@@ -496,10 +500,11 @@ impl Executor {
                 message.to_string()
             }));
         }
-        let fallback = init_usage.or(watched.exit.map(|e| (e.cpu, e.max_rss_bytes)));
         let usage = Usage {
-            cpu: counted.cpu.or(fallback.map(|(cpu, _)| cpu)),
-            peak_memory_bytes: counted.peak_memory_bytes.or(fallback.map(|(_, rss)| rss)),
+            cpu: counted.cpu.or(fallback_usage.map(|(cpu, _)| cpu)),
+            peak_memory_bytes: counted
+                .peak_memory_bytes
+                .or(fallback_usage.map(|(_, rss)| rss)),
         };
         let status = outcome::interpret(watched.exit.map(|e| e.status));
         Ok(Outcome::of_call(

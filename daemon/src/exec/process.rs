@@ -46,8 +46,10 @@ fn reap(pid: Pid) -> Option<Exit> {
         |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     Some(Exit {
         status: ExitStatus::from_raw(status),
-        cpu: time(usage.ru_utime) + time(usage.ru_stime),
-        max_rss_bytes: (usage.ru_maxrss as u64) * 1024,
+        usage: Some((
+            time(usage.ru_utime) + time(usage.ru_stime),
+            (usage.ru_maxrss as u64) * 1024,
+        )),
     })
 }
 
@@ -91,14 +93,25 @@ fn reap_pidfd_with_usage(pidfd: &OwnedFd) -> Result<Option<(Duration, u64)>, rus
     )))
 }
 
-/// How a reaped process ended and what it used.
+/// How a process ended and, once reaped, what it used.
 #[derive(Debug, Clone, Copy)]
 pub struct Exit {
     pub status: ExitStatus,
-    /// User plus system CPU time of the process and the children it waited for.
-    pub cpu: Duration,
-    /// Largest resident set of the process or of any child it waited for.
-    pub max_rss_bytes: u64,
+    /// User plus system CPU time of the process and the children it waited
+    /// for, and the largest resident set of any of them; `None` for an exit
+    /// learnt before the process was reaped ([`Exit::reported`]).
+    pub usage: Option<(Duration, u64)>,
+}
+
+impl Exit {
+    /// An exit as a process reported it before ending: `code` as a shell
+    /// shows it (128 + N for a signal N).
+    pub fn reported(code: i32) -> Exit {
+        Exit {
+            status: ExitStatus::from_raw((code & 0xff) << 8),
+            usage: None,
+        }
+    }
 }
 
 /// A child of the daemon. Dropped before it was reaped, it is killed with its
@@ -350,4 +363,20 @@ pub(super) fn watch_child_of(
         .parse()
         .ok()?;
     (ppid == parent.pid() && parent.try_exit().is_none()).then_some(watched)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reported_exit_reads_as_bubblewrap_wrote_it() {
+        let (code, signal) = super::super::interpret_exit(Exit::reported(3).status);
+        assert_eq!((code, signal), (Some(3), None));
+        // bubblewrap's 128 + N for a program killed by signal N.
+        let (code, signal) = super::super::interpret_exit(Exit::reported(137).status);
+        assert_eq!((code, signal), (Some(137), Some(9)));
+        assert!(Exit::reported(0).status.success());
+        assert!(Exit::reported(0).usage.is_none());
+    }
 }

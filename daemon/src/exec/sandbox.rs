@@ -47,6 +47,8 @@ pub(super) struct Prepared {
     /// The root of its staged tmpfs (see `nest`), which this descriptor
     /// keeps readable, the project's changes with it, until dropped.
     pub(super) staged: Option<OwnedFd>,
+    /// Mount namespaces held past the sandbox's processes (see `spawn`).
+    pub(super) namespaces: Vec<OwnedFd>,
     /// A pre-started interpreter's hook, waiting for its message.
     pub(super) go: Option<Go>,
     /// The command has started (a pre-started interpreter, waiting in its
@@ -133,10 +135,11 @@ impl Prepared {
             _reservation: self.reservation,
             paused: None,
             call_cpu_start: None,
-            status: self.status,
+            status: self.status.watch(),
             control,
             _code: self.code,
             staged: self.staged,
+            namespaces: self.namespaces,
         };
         // A failed write means bubblewrap is gone, which its exit explains.
         if !self.released {
@@ -188,6 +191,8 @@ pub struct Sandbox {
     _code: Option<tempfile::NamedTempFile>,
     /// See [`Prepared::staged`].
     staged: Option<OwnedFd>,
+    /// See [`Prepared::namespaces`].
+    namespaces: Vec<OwnedFd>,
 }
 
 /// How a sandbox's processes were stopped between calls.
@@ -300,10 +305,30 @@ impl Sandbox {
         self.network.as_ref().map(|(_, record)| record.take())
     }
 
-    /// Ends the sandbox's hold on its cgroup once it has ended (and its
-    /// call settled): the group goes back to the pool.
-    pub(super) fn finish(&mut self) {
-        self.lease.release()
+    /// Waits for bubblewrap to exit (its program has ended) and reaps it.
+    pub(super) async fn ended(&mut self) -> Exit {
+        self.process.exit().await
+    }
+
+    /// The end of a sandbox whose program has ended and whose call is
+    /// settled: once bubblewrap has exited (killed if it has not within
+    /// [`TEARDOWN_GRACE`]), the cgroup goes back to the pool and every
+    /// process is reaped.
+    pub(super) async fn wind_down(mut self) {
+        if tokio::time::timeout(TEARDOWN_GRACE, self.process.exit())
+            .await
+            .is_err()
+        {
+            self.kill().await;
+        }
+        self.lease.release();
+        let namespaces = std::mem::take(&mut self.namespaces);
+        drop(self);
+        super::process::reap_orphans();
+        // Unmounting a namespace takes a while; not on a runtime thread.
+        if !namespaces.is_empty() {
+            tokio::task::spawn_blocking(move || drop(namespaces));
+        }
     }
 
     /// The sandbox's end, if it has ended.

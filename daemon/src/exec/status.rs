@@ -2,36 +2,79 @@
 //! line. The first names the sandbox's init (`child-pid`, in bubblewrap's pid namespace); a
 //! later one carries the program's `exit-code`, and is written only when the
 //! sandbox was set up and the program ran. That difference tells bubblewrap's
-//! own failures from the program's.
+//! own failures from the program's. The exit code arrives as the program
+//! ends, before bubblewrap itself has exited and torn its namespaces down,
+//! so a call can end on it ([`Status::exit_reported`]).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
 
 /// bubblewrap writes a few hundred bytes; anything beyond this is not read.
 const STATUS_CAP: usize = 64 * 1024;
 
 #[derive(Debug)]
 pub(super) struct Status {
-    /// Read end, non-blocking.
-    fd: OwnedFd,
+    /// Read end, non-blocking; on the runtime's reactor once [`Status::watch`]ed.
+    fd: Channel,
     text: String,
+    /// bubblewrap closed its end.
+    closed: bool,
+}
+
+#[derive(Debug)]
+enum Channel {
+    Plain(OwnedFd),
+    Watched(AsyncFd<OwnedFd>),
+}
+
+impl Channel {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Channel::Plain(fd) => fd.as_fd(),
+            Channel::Watched(fd) => fd.get_ref().as_fd(),
+        }
+    }
 }
 
 impl Status {
     pub(super) fn new(fd: OwnedFd) -> Status {
         Status {
-            fd,
+            fd: Channel::Plain(fd),
             text: String::new(),
+            closed: false,
         }
+    }
+
+    /// Puts the channel on the runtime's reactor, for [`Status::exit_reported`].
+    /// Must be called on the tokio runtime; the channel stays as it was if
+    /// the reactor refuses it.
+    pub(super) fn watch(self) -> Status {
+        let Status { fd, text, closed } = self;
+        let fd = match fd {
+            // SAFETY: the AsyncFd owns the descriptor, unchanged, for its whole life.
+            Channel::Plain(fd) => {
+                match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+                {
+                    Ok(watched) => Channel::Watched(watched),
+                    Err(e) => Channel::Plain(e.into_parts().0),
+                }
+            }
+            watched => watched,
+        };
+        Status { fd, text, closed }
     }
 
     /// Reads what bubblewrap has written so far, without waiting.
     fn read_available(&mut self) -> &str {
         let mut buf = [0u8; 4096];
-        while self.text.len() < STATUS_CAP {
-            match rustix::io::read(self.fd.as_fd(), &mut buf) {
-                Ok(0) | Err(_) => break,
+        while !self.closed && self.text.len() < STATUS_CAP {
+            match rustix::io::read(self.fd.fd(), &mut buf) {
+                Ok(0) => self.closed = true,
                 Ok(n) => self.text.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => break,
             }
         }
         &self.text
@@ -51,18 +94,17 @@ impl Status {
             if left.is_zero() {
                 return None;
             }
+            let fd = self.fd.fd();
             let mut fds = [rustix::event::PollFd::new(
-                &self.fd,
+                &fd,
                 rustix::event::PollFlags::IN,
             )];
             let timeout = rustix::event::Timespec::try_from(left).ok();
             match rustix::event::poll(&mut fds, timeout.as_ref()) {
                 Ok(0) => return None,
                 Ok(_) => {
-                    let before = self.text.len();
                     self.read_available();
-                    // Readable but nothing read: bubblewrap closed the pipe.
-                    if self.text.len() == before && self.field("child-pid").is_none() {
+                    if self.closed && self.field("child-pid").is_none() {
                         return None;
                     }
                 }
@@ -77,6 +119,30 @@ impl Status {
     pub(super) fn program_exited(&mut self) -> bool {
         self.read_available();
         self.field("exit-code").is_some()
+    }
+
+    /// The program's exit code as bubblewrap reports it (128 + N for a
+    /// program killed by signal N), once it has. Never resolves when
+    /// bubblewrap ends without reporting one (a failed set-up, bubblewrap
+    /// killed) or the channel is not [`Status::watch`]ed: the caller then
+    /// learns the end from bubblewrap's own exit.
+    pub(super) async fn exit_reported(&mut self) -> i32 {
+        loop {
+            self.read_available();
+            if let Some(code) = self.field("exit-code") {
+                return code as i32;
+            }
+            let Channel::Watched(fd) = &self.fd else {
+                return std::future::pending().await;
+            };
+            if self.closed {
+                return std::future::pending().await;
+            }
+            match fd.readable().await {
+                Ok(mut ready) => ready.clear_ready(),
+                Err(_) => return std::future::pending().await,
+            }
+        }
     }
 
     /// The first numeric `key` in the documents read so far.
@@ -109,6 +175,35 @@ mod tests {
         );
         assert_eq!(s.wait_for_init(Duration::from_secs(1)), Some(4242));
         assert!(s.program_exited());
+    }
+
+    #[tokio::test]
+    async fn the_exit_code_arrives_while_bubblewrap_still_runs() {
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK).unwrap();
+        let mut s = Status::new(r);
+        rustix::io::write(&w, b"{ \"child-pid\": 7 }\n").unwrap();
+        assert_eq!(s.wait_for_init(Duration::from_secs(1)), Some(7));
+        let mut s = s.watch();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // Split as a pipe may deliver it; the write end stays open.
+            rustix::io::write(&w, b"{ \"exit-").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            rustix::io::write(&w, b"code\": 130 }\n").unwrap();
+            w
+        });
+        let code = tokio::time::timeout(Duration::from_secs(5), s.exit_reported()).await;
+        assert_eq!(code.ok(), Some(130));
+        drop(writer.join());
+    }
+
+    #[tokio::test]
+    async fn no_exit_code_is_made_up_when_bubblewrap_ends_without_one() {
+        let mut s = status_with("{ \"child-pid\": 7 }\n").watch();
+        let waited = tokio::time::timeout(Duration::from_millis(200), s.exit_reported()).await;
+        assert!(waited.is_err(), "reported {waited:?}");
+        assert!(!s.program_exited());
     }
 
     #[test]

@@ -61,7 +61,8 @@ impl Protocol for RunOnce {
 /// What ended a call.
 #[derive(Debug)]
 pub enum End<R> {
-    /// The sandbox ended (bubblewrap exited).
+    /// The sandbox's program ended (bubblewrap reported its exit code, or
+    /// exited).
     Exited(Exit),
     /// The program answered the call; the sandbox lives on.
     Replied(R),
@@ -186,6 +187,7 @@ async fn run_until_end<P: Protocol>(
     let cores = cores();
     let Sandbox {
         process,
+        status,
         stdout,
         stderr,
         control,
@@ -218,6 +220,9 @@ async fn run_until_end<P: Protocol>(
     loop {
         tokio::select! {
             exit = process.exit() => return End::Exited(exit),
+            // Sooner than bubblewrap's exit, which waits for its namespaces
+            // to be torn down; the streams still drain to their end.
+            code = status.exit_reported() => return End::Exited(Exit::reported(code)),
             // The code may close its own stdout or stderr; the call goes on.
             n = stdout.pipe.read(&mut buf_out), if stdout.open => match n {
                 Ok(n) if n > 0 => out.record(Stream::Stdout, &buf_out[..n]),
