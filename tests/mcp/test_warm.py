@@ -56,6 +56,30 @@ PYTHON = {
                  "os.kill(os.getpid(), signal.SIGINT)\n",
     "stdin": AGE + "import sys\nprint('AGE', _age(), file=sys.stderr)\ninput('? ')\n",
     "syntax": "print('AGE', 1, file=__import__('sys').stderr)\nx = (\n",
+    # The start-up's objects are frozen in a pre-started python; its exit
+    # must still finalize what the code left in cycles held by its module.
+    "exit": AGE + """import atexit, os, sys, threading, time
+print('AGE', _age(), file=sys.stderr)
+class Noisy:
+    def __init__(self, name):
+        self.name = name
+        self.me = self
+    def __del__(self, write=os.write):
+        write(1, f"finalized {self.name}\\n".encode())
+kept = Noisy("a cycle the module holds")
+box = [Noisy("a cycle a list holds")]
+box.append(box)
+atexit.register(lambda: print("atexit ran", flush=True))
+threading.Thread(target=lambda: (time.sleep(0.1), print("thread ran", flush=True))).start()
+print("main done", flush=True)
+""",
+    "exit with an unflushed file": AGE + """import sys
+print('AGE', _age(), file=sys.stderr)
+out = open(1, "w", closefd=False)
+out.write("flushed by the file's finalizer\\n")
+loop = [out]
+loop.append(loop)
+""",
 }
 
 NODE_AGE = """
