@@ -386,6 +386,19 @@ async fn background_processes_die_when_the_program_exits() {
 }
 
 #[tokio::test]
+async fn no_process_of_a_run_is_left_once_its_result_is_in() {
+    let m = marker();
+    // Detached from the run's output too, so that nothing else waits for it.
+    let o = run(
+        &env("bash"),
+        &format!("setsid sleep {m}.5 </dev/null >/dev/null 2>&1 & disown; echo done"),
+    )
+    .await;
+    assert!(o.succeeded());
+    assert_eq!(processes_with(&m), Vec::<String>::new());
+}
+
+#[tokio::test]
 async fn output_flood_keeps_head_and_tail_with_bounded_memory() {
     fn rss_kib() -> u64 {
         let s = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -141,7 +141,7 @@ pub(super) fn launch(
             // nest, the second one is named in the reports, whose reader
             // reaps it.
             if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                let _ = wait_for(pid);
             }
             Err(io::Error::from_raw_os_error(errno))
         }
@@ -165,13 +165,17 @@ pub(super) fn in_child(body: &dyn Fn() -> i32) -> io::Result<i32> {
     };
     drop(stacks);
     let pid = rustix::process::Pid::from_raw(started?).expect("a child's pid is positive");
+    let status = wait_for(pid)?;
+    status
+        .exit_status()
+        .ok_or_else(|| io::Error::other(format!("the child ended with {status:?}")))
+}
+
+/// Waits for the child `pid` to end and reaps it.
+fn wait_for(pid: rustix::process::Pid) -> io::Result<rustix::process::WaitStatus> {
     loop {
         match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
-            Ok(Some((_, status))) => {
-                return status
-                    .exit_status()
-                    .ok_or_else(|| io::Error::other(format!("the child ended with {status:?}")));
-            }
+            Ok(Some((_, status))) => return Ok(status),
             Ok(None) | Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }

@@ -247,6 +247,24 @@ impl Watched {
         }
     }
 
+    /// Waits up to `within` for the process to end (reaped or not); true
+    /// when it has. For a sandbox's init, the end of every process in its
+    /// pid namespace: the kernel kills them and waits for them first.
+    pub async fn ended_within(&self, within: Duration) -> bool {
+        let Ok(fd) = self.pidfd.try_clone() else {
+            return false;
+        };
+        // SAFETY: the AsyncFd owns the duplicate, unchanged, for its whole life.
+        let registered =
+            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+        match registered {
+            Ok(fd) => tokio::time::timeout(within, fd.readable())
+                .await
+                .is_ok_and(|r| r.is_ok()),
+            Err(_) => false,
+        }
+    }
+
     /// Its host pid: meaningful while the process is alive (the pidfd keeps
     /// the process, not the number).
     pub fn pid(&self) -> i32 {

@@ -305,22 +305,36 @@ impl Sandbox {
         self.network.as_ref().map(|(_, record)| record.take())
     }
 
-    /// Waits for bubblewrap to exit (its program has ended) and reaps it.
+    /// Waits, once the program has ended, until nothing else of the sandbox
+    /// runs: its init has ended, which the kernel lets happen only after
+    /// every other process of its pid namespace (bubblewrap's exit makes
+    /// the init end). Kills the sandbox if that takes longer than
+    /// [`TEARDOWN_GRACE`].
+    pub(super) async fn emptied(&mut self) {
+        let ended = match &self.init {
+            Some(init) => init.ended_within(TEARDOWN_GRACE).await,
+            None => true,
+        };
+        if !ended {
+            self.kill().await;
+        }
+    }
+
+    /// Waits for bubblewrap to exit once its program has ended, and reaps
+    /// it; a bubblewrap still there after [`TEARDOWN_GRACE`] is killed
+    /// with the sandbox.
     pub(super) async fn ended(&mut self) -> Exit {
-        self.process.exit().await
+        match tokio::time::timeout(TEARDOWN_GRACE, self.process.exit()).await {
+            Ok(exit) => exit,
+            Err(_) => self.kill().await,
+        }
     }
 
     /// The end of a sandbox whose program has ended and whose call is
-    /// settled: once bubblewrap has exited (killed if it has not within
-    /// [`TEARDOWN_GRACE`]), the cgroup goes back to the pool and every
-    /// process is reaped.
+    /// settled: once bubblewrap has exited ([`Sandbox::ended`]), the cgroup
+    /// goes back to the pool and every process is reaped.
     pub(super) async fn wind_down(mut self) {
-        if tokio::time::timeout(TEARDOWN_GRACE, self.process.exit())
-            .await
-            .is_err()
-        {
-            self.kill().await;
-        }
+        self.ended().await;
         self.lease.release();
         let namespaces = std::mem::take(&mut self.namespaces);
         drop(self);

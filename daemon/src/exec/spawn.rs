@@ -136,14 +136,9 @@ pub(super) fn spawn(
         caches: &recipe.caches,
         hook_vars: &hook_vars,
     };
-    let (view_sync, view) = match view {
-        Some(((r, w), attach)) => (Some(r), Some((w, attach))),
-        None => (None, None),
-    };
-    let (masks_sync, masks) = match masks {
-        Some(((r, w), attach)) => (Some(r), Some((w, attach))),
-        None => (None, None),
-    };
+    // bubblewrap waits on the read ends; the write ends wait for the mounts.
+    let (view_sync, view) = view.map(|((r, w), attach)| (r, (w, attach))).unzip();
+    let (masks_sync, masks) = masks.map(|((r, w), attach)| (r, (w, attach))).unzip();
     let (entry, receipt) = match nest {
         Some(n) => {
             let (entry, receipt) = n.entry(recipe.stage.as_ref(), platform.run_as)?;
@@ -282,7 +277,7 @@ const PIPE_PAGE: usize = 4096;
 /// `attach` mounts (the /proc masks, a store view); dropping `sync` lets
 /// bubblewrap go on.
 /// A bubblewrap that ended first is left for the run to report.
-fn mount_view(sync: OwnedFd, attach: &ViewAttach, pid: i32) -> io::Result<()> {
+fn mount_from_view(sync: OwnedFd, attach: &ViewAttach, pid: i32) -> io::Result<()> {
     use rustix::event::{PollFd, PollFlags, Timespec};
     let deadline = std::time::Instant::now() + INIT_LIMIT;
     let revents = loop {
@@ -373,10 +368,10 @@ impl Spawned {
                 // In bubblewrap's order: the masks once /proc is mounted,
                 // the store view after every other mount.
                 if let Some((sync, attach)) = self.masks.take() {
-                    mount_view(sync, &attach, pid)?;
+                    mount_from_view(sync, &attach, pid)?;
                 }
                 if let Some((sync, attach)) = self.view.take() {
-                    mount_view(sync, &attach, pid)?;
+                    mount_from_view(sync, &attach, pid)?;
                 }
                 limit_init(pid, &recipe.init_rlimits, run_as)?;
                 namespaces = hold_mount_namespaces(self.process.pid() as i32, pid);

@@ -157,7 +157,11 @@ pub async fn supervise<P: Protocol>(
         other => other,
     };
     let exit = match &end {
-        End::Exited(e) => Some(*e),
+        End::Exited(e) => {
+            // Background processes die with the sandbox, before the result.
+            sandbox.emptied().await;
+            Some(*e)
+        }
         End::Replied(_) => None,
         _ => Some(sandbox.kill().await),
     };
