@@ -15,7 +15,8 @@
 //!   value), imports the environment's own `sitecustomize`, if there is
 //!   one, in its place (as a cold start would have by then), and last
 //!   blocks reading one byte from the pipe, which it then closes. Before it
-//!   blocks it freezes (`gc.freeze()`) the objects of the start-up, so that
+//!   blocks, a python that has `gc.freeze()` (3.7 on) freezes the objects
+//!   of the start-up, so that
 //!   CPython's exit, which otherwise walks every object in its collections
 //!   (a third of a short program's run), skips them; an exit handler it
 //!   registers first, and so runs last, undoes the freeze when anything the
@@ -218,11 +219,14 @@ def _exit(gc=gc, refs=_weakref.ReferenceType, proxies=(_weakref.ProxyType, _weak
         if (hasattr(type(o), '__del__') or isinstance(o, proxies)
                 or (isinstance(o, refs) and o.__callback__ is not None)):
             return gc.unfreeze()
-atexit.register(_exit)
+_freezes = hasattr(gc, 'freeze')
+if _freezes:
+    atexit.register(_exit)
 try:
     import sitecustomize
 finally:
-    gc.freeze()
+    if _freezes:
+        gc.freeze()
     for _name in ('gc', 'atexit'):
         if _name not in _loaded:
             del sys.modules[_name]
