@@ -93,6 +93,15 @@ fn reap_pidfd_with_usage(pidfd: &OwnedFd) -> Result<Option<(Duration, u64)>, rus
     )))
 }
 
+/// Puts `fd` on the runtime's reactor, to be awaited until readable (a
+/// pidfd: until its process ends); gives it back if the reactor refuses it.
+/// Must be called on the tokio runtime.
+pub(super) fn on_reactor(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, (OwnedFd, io::Error)> {
+    // SAFETY: the AsyncFd owns `fd`, unchanged, for its whole life.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts())
+}
+
 /// How a process ended and, once reaped, what it used.
 #[derive(Debug, Clone, Copy)]
 pub struct Exit {
@@ -129,9 +138,7 @@ impl Process {
     pub fn adopt(pid: u32) -> io::Result<Process> {
         let pid = Pid::from_raw(pid as i32).ok_or_else(|| io::Error::other("pid 0"))?;
         let fd = rustix::process::pidfd_open(pid, PidfdFlags::NONBLOCK)?;
-        // SAFETY: `fd` is an open pidfd that the AsyncFd owns, unchanged,
-        // for its whole life.
-        let pidfd = unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?;
+        let pidfd = on_reactor(fd).map_err(|(_, e)| e)?;
         Ok(Process {
             pid,
             pidfd,
@@ -254,10 +261,7 @@ impl Watched {
         let Ok(fd) = self.pidfd.try_clone() else {
             return false;
         };
-        // SAFETY: the AsyncFd owns the duplicate, unchanged, for its whole life.
-        let registered =
-            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
-        match registered {
+        match on_reactor(fd) {
             Ok(fd) => tokio::time::timeout(within, fd.readable())
                 .await
                 .is_ok_and(|r| r.is_ok()),

@@ -13,6 +13,7 @@ use tokio::net::unix::pipe;
 
 use super::admission::Reservation;
 use super::process::{Exit, Process, Watched};
+use super::spawn::HeldNamespaces;
 use super::status::Status;
 use crate::limits::{Fired, Lease, Usage};
 use crate::network::{NetworkReport, Policy, Proxy, RunRecord, Serving};
@@ -48,7 +49,7 @@ pub(super) struct Prepared {
     /// keeps readable, the project's changes with it, until dropped.
     pub(super) staged: Option<OwnedFd>,
     /// Mount namespaces held past the sandbox's processes (see `spawn`).
-    pub(super) namespaces: Vec<OwnedFd>,
+    pub(super) namespaces: HeldNamespaces,
     /// A pre-started interpreter's hook, waiting for its message.
     pub(super) go: Option<Go>,
     /// The command has started (a pre-started interpreter, waiting in its
@@ -139,7 +140,7 @@ impl Prepared {
             control,
             _code: self.code,
             staged: self.staged,
-            namespaces: self.namespaces,
+            _namespaces: self.namespaces,
         };
         // A failed write means bubblewrap is gone, which its exit explains.
         if !self.released {
@@ -192,7 +193,7 @@ pub struct Sandbox {
     /// See [`Prepared::staged`].
     staged: Option<OwnedFd>,
     /// See [`Prepared::namespaces`].
-    namespaces: Vec<OwnedFd>,
+    _namespaces: HeldNamespaces,
 }
 
 /// How a sandbox's processes were stopped between calls.
@@ -336,13 +337,8 @@ impl Sandbox {
     pub(super) async fn wind_down(mut self) {
         self.ended().await;
         self.lease.release();
-        let namespaces = std::mem::take(&mut self.namespaces);
         drop(self);
         super::process::reap_orphans();
-        // Unmounting a namespace takes a while; not on a runtime thread.
-        if !namespaces.is_empty() {
-            tokio::task::spawn_blocking(move || drop(namespaces));
-        }
     }
 
     /// The sandbox's end, if it has ended.

@@ -362,7 +362,7 @@ impl Spawned {
         });
         // No init: bubblewrap failed to set the sandbox up, which the run reports.
         let mut listener = None;
-        let mut namespaces = Vec::new();
+        let mut namespaces = HeldNamespaces::default();
         let init = match init {
             Some((pid, watched)) => {
                 // In bubblewrap's order: the masks once /proc is mounted,
@@ -427,7 +427,7 @@ impl Spawned {
 /// and so before the sandbox's streams reach their end (0.4 ms a
 /// namespace here); held by the daemon, the namespaces are torn down once
 /// the call has its result.
-fn hold_mount_namespaces(bubblewrap: i32, init: i32) -> Vec<OwnedFd> {
+fn hold_mount_namespaces(bubblewrap: i32, init: i32) -> HeldNamespaces {
     let open = |pid: i32, ns: &str| {
         rustix::fs::open(
             format!("/proc/{pid}/ns/{ns}"),
@@ -436,10 +436,28 @@ fn hold_mount_namespaces(bubblewrap: i32, init: i32) -> Vec<OwnedFd> {
         )
         .ok()
     };
-    [open(bubblewrap, "mnt"), open(init, "mnt")]
-        .into_iter()
-        .flatten()
-        .collect()
+    HeldNamespaces(
+        [open(bubblewrap, "mnt"), open(init, "mnt")]
+            .into_iter()
+            .flatten()
+            .collect(),
+    )
+}
+
+/// Namespaces the daemon holds (see [`hold_mount_namespaces`]). Whoever
+/// drops the sandbox, the last descriptor of a namespace unmounts all of
+/// it, which takes a while: dropped on the runtime, they are closed on a
+/// blocking thread.
+#[derive(Debug, Default)]
+pub(super) struct HeldNamespaces(Vec<OwnedFd>);
+
+impl Drop for HeldNamespaces {
+    fn drop(&mut self) {
+        let held = std::mem::take(&mut self.0);
+        if let (false, Ok(runtime)) = (held.is_empty(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn_blocking(move || drop(held));
+        }
+    }
 }
 
 /// Sets `rlimits` on the sandbox's init, which has not started the command

@@ -53,14 +53,10 @@ impl Status {
     pub(super) fn watch(self) -> Status {
         let Status { fd, text, closed } = self;
         let fd = match fd {
-            // SAFETY: the AsyncFd owns the descriptor, unchanged, for its whole life.
-            Channel::Plain(fd) => {
-                match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-                {
-                    Ok(watched) => Channel::Watched(watched),
-                    Err(e) => Channel::Plain(e.into_parts().0),
-                }
-            }
+            Channel::Plain(fd) => match super::process::on_reactor(fd) {
+                Ok(watched) => Channel::Watched(watched),
+                Err((fd, _)) => Channel::Plain(fd),
+            },
             watched => watched,
         };
         Status { fd, text, closed }
