@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 root=$PWD
 start=$SECONDS
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (at %ss)\n' "$*" "$((SECONDS - start))"; }
 
 step "format and lint"
 cargo fmt --all -- --check

@@ -76,7 +76,9 @@ def test_the_description_says_which_protections_this_host_lacks():
 def test_description_and_instructions_fit_the_context_budget():
     """The run tool plus the server instructions stay under 450 tokens with
     three environments; with the job tool, the whole surface under 560 (the
-    results' CPU, memory and network-refusal fields cost about ten)."""
+    results' CPU, memory and network-refusal fields cost about ten). A host
+    that lacks a protection (a user without a cgroup of their own) adds one
+    sentence naming it, bounded on its own: it is what the agent must know."""
     from anthropic._tokenizers import sync_get_tokenizer
 
     tokenizer = sync_get_tokenizer()
@@ -86,14 +88,19 @@ def test_description_and_instructions_fit_the_context_budget():
 
     async def t():
         async with session() as s:
-            tools = {t.name: json.dumps(t.model_dump(by_alias=True, exclude_none=True), separators=(",", ":")) for t in (await s.list_tools()).tools}
+            listed = (await s.list_tools()).tools
+            weaker = re.search(r" Weaker on this host: [^\n]*", listed[0].description)
+            weaker = weaker.group(0) if weaker else ""
+            tools = {t.name: json.dumps(t.model_dump(by_alias=True, exclude_none=True), separators=(",", ":")) for t in listed}
+            tools["run"] = tools["run"].replace(json.dumps(weaker)[1:-1], "")
             instructions = count(s.instructions or "")
-            return instructions + count(tools["run"]), instructions + sum(count(t) for t in tools.values())
+            return instructions + count(tools["run"]), instructions + sum(count(t) for t in tools.values()), count(weaker)
 
-    run_only, everything = run_async(t)
-    print(f"run + instructions: {run_only} tokens; every tool + instructions: {everything} tokens")
+    run_only, everything, weaker = run_async(t)
+    print(f"run + instructions: {run_only} tokens; every tool + instructions: {everything} tokens; this host's weaknesses: {weaker}")
     assert run_only <= 450, run_only
     assert everything <= 560, everything
+    assert weaker <= 40, weaker
 
 
 @pytest.mark.parametrize(
@@ -184,7 +191,13 @@ def test_timeout_kills_the_whole_sandbox_and_leaves_nothing():
     run_async(t)
 
 
-def test_project_is_readable_and_not_writable():
+def test_project_is_readable_and_the_host_copy_never_written():
+    """The sandbox writes the project's files as their owner could (a user's
+    server: its own files, into the copy; a root server's sandbox is another
+    uid: root's 0644 files are read-only to it), never the host's files,
+    and never through a link out of the project."""
+    writable = os.geteuid() != 0
+
     async def t():
         async with session() as s:
             code = (
@@ -194,7 +207,9 @@ def test_project_is_readable_and_not_writable():
                 "echo hacked > /project/outside-link 2>/dev/null && echo ESCAPED || echo denied\n"
             )
             sc, _, _ = await call(s, "bash", code)
-            assert sc["stdout"] == "project data\ndenied\ndenied\ndenied\n", dump(sc)
+            expected = "WROTE\nCREATED\n" if writable else "denied\ndenied\n"
+            assert sc["stdout"] == f"project data\n{expected}denied\n", dump(sc)
+            assert (sc.get("changes", {}).get("modified") == 1) == writable, dump(sc)
     run_async(t)
     proj = fixture_project()
     assert (proj / "data.txt").read_text() == "project data\n"

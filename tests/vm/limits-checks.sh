@@ -18,7 +18,8 @@ check() { # check DESCRIPTION COMMAND...: runs the command, reports
 
 printf '[defaults]\nmemory_mb = 64\npids = 24\ntimeout_ms = 20000\ncpus = 0.25\n' > limits.toml
 
-checks() { # checks LAUNCHER...: every check, with the daemon started through LAUNCHER
+cgroup_checks() { # cgroup_checks LAUNCHER...: the daemon, started through LAUNCHER, gets a
+  # cgroup v2 of its own and limits memory and processes with it
   local launch=("$@")
   mechanism=$("${launch[@]}" "$bin" --config limits.toml envs --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["limits_mechanism"])')
   check "limits are enforced with cgroup v2 (got: $mechanism)" test "$mechanism" = "cgroup v2"
@@ -42,6 +43,11 @@ except OSError:
 print(n)
 os._exit(0)' >out 2>err
   check "the process limit holds (started $(cat out) of 100)" sh -c '[ "$(cat out)" -lt 24 ]'
+}
+
+enforcement_checks() { # enforcement_checks LAUNCHER...: what the cgroup enforces beyond that,
+  # and a pre-started interpreter in it
+  local launch=("$@")
 
   "${launch[@]}" "$bin" --config limits.toml doctor --json >out 2>err
   probed=$(python3 -c 'import json, sys
@@ -103,10 +109,13 @@ section "a Nix closure"
 closure_check
 
 section "started from the login session (the daemon asks systemd for a delegated scope)"
-checks env
+cgroup_checks env
+enforcement_checks env
 
+# Once the daemon has its cgroup, what it enforces does not depend on how
+# it got it: here only that it uses the delegated scope as it is.
 section "started in a delegated scope (systemd-run ${user[*]} --scope -p Delegate=yes)"
-checks systemd-run "${user[@]}" --quiet --scope -p Delegate=yes
+cgroup_checks systemd-run "${user[@]}" --quiet --scope -p Delegate=yes
 
 rm -rf "$work"
 [ "$failures" = 0 ] || { echo "$failures check(s) failed"; exit 1; }
