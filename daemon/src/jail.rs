@@ -154,6 +154,11 @@ pub struct Call<'a> {
     /// Variables set after every other (a pre-started interpreter's hook,
     /// see exec's `warm`).
     pub hook_vars: &'a [(String, String)],
+    /// The process that becomes bubblewrap is already in a network
+    /// namespace of the sandbox's own, holding only a loopback (see
+    /// `exec::nest::network`): bubblewrap makes none. Ignored for an
+    /// environment with network, whose namespace bubblewrap always makes.
+    pub network_given: bool,
 }
 
 /// A cache directory: kept on the host, bound at `at` in the sandbox.
@@ -214,9 +219,11 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     let mut a = Args::default();
     let env = call.env;
 
-    // Namespaces and identity. Every namespace is new, the network's too:
-    // an environment with network reaches it only through the daemon's
-    // proxy, which listens on the sandbox's own loopback. Capabilities are dropped even when bwrap runs with
+    // Namespaces and identity. Every namespace is the sandbox's own, the
+    // network's too: bubblewrap makes it, or it is given, with a loopback
+    // and nothing else; an environment with network reaches it only
+    // through the daemon's proxy, which listens on the sandbox's own
+    // loopback. Capabilities are dropped even when bwrap runs with
     // privileges, and nested user namespaces are refused where bwrap can.
     a.flags(&[
         "--unshare-user",
@@ -224,8 +231,10 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
         "--unshare-pid",
         "--unshare-uts",
         "--unshare-cgroup",
-        "--unshare-net",
     ]);
+    if !call.network_given || env.network.policy().is_some() {
+        a.flag("--unshare-net");
+    }
     a.pair("--uid", &SANDBOX_UID.to_string());
     a.pair("--gid", &SANDBOX_GID.to_string());
     a.pair("--hostname", HOSTNAME);

@@ -243,6 +243,68 @@ def test_host_addresses_are_unreachable_from_bash_and_node():
             l.close()
 
 
+LEFT_LISTENING = """
+import os, socket, sys, time
+tcp = socket.socket()
+tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+tcp.bind(("127.0.0.1", 47011))
+tcp.listen()
+unix = socket.socket(socket.AF_UNIX)
+unix.bind("\\0nsm-left-listening")
+unix.listen()
+if os.fork() == 0:  # detached: keeps both listening after the call's end
+    os.setsid()
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    time.sleep(30)
+    os._exit(0)
+print("listening", flush=True)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+REACH_LEFT = """
+import socket
+for family, address in ((socket.AF_INET, ("127.0.0.1", 47011)), (socket.AF_UNIX, "\\0nsm-left-listening")):
+    s = socket.socket(family)
+    try:
+        s.connect(address)
+        print("reached", address)
+    except OSError:
+        print("refused")
+"""
+
+
+def test_no_sandbox_reaches_what_another_left_listening():
+    """Sandboxes without network may get a network namespace another had
+    (one at a time, once all of its processes have ended): a TCP listener
+    on the loopback and an abstract unix socket that one sandbox made, and
+    left held by a detached process, are out of reach of every other
+    sandbox, while it runs and after it."""
+
+    async def t():
+        async with session() as s:
+            sc, _, err = await call(s, "python", LEFT_LISTENING)
+            assert not err and sc["stdout"] == "listening\n", dump(sc)
+            for _ in range(8):
+                sc, _, err = await call(s, "python", REACH_LEFT)
+                assert not err and sc["stdout"] == "refused\nrefused\n", dump(sc)
+            # While one listens, others run beside it.
+            seen: list[dict] = []
+
+            async def listen() -> None:
+                seen.append((await call(s, "python", LEFT_LISTENING.replace("else 0", "else 2")))[0])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listen)
+                await anyio.sleep(1)
+                for _ in range(3):
+                    sc, _, err = await call(s, "python", REACH_LEFT)
+                    assert not err and sc["stdout"] == "refused\nrefused\n", dump(sc)
+            assert seen[0]["stdout"] == "listening\n", dump(seen[0])
+    run_async(t)
+
+
 def test_tiocsti_ptrace_and_proc_escapes_fail():
     async def t():
         async with session() as s:

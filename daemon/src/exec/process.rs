@@ -269,6 +269,18 @@ impl Watched {
         }
     }
 
+    /// Whether the process has ended (reaped or not), now: as
+    /// [`Watched::ended_within`], without waiting.
+    pub fn has_ended(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(1))
+    }
+
     /// Its host pid: meaningful while the process is alive (the pidfd keeps
     /// the process, not the number).
     pub fn pid(&self) -> i32 {

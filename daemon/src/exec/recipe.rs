@@ -167,6 +167,9 @@ impl Recipe {
             .then(|| Warm::plan(i.env, i.inherited, &command, stage_root.is_some()))
             .flatten();
         let hook_vars = warm.as_ref().map(|w| w.vars(0)).unwrap_or_default();
+        // A staged sandbox without network gets its network namespace from
+        // the stage (see `nest::network`).
+        let network_given = stage_root.is_some() && i.env.network.policy().is_none();
         let placeholder = Call {
             env: i.env,
             project: i.project,
@@ -182,6 +185,7 @@ impl Recipe {
             protected: &protected,
             caches: &caches,
             hook_vars: &hook_vars,
+            network_given,
         };
         let (options, sources) = jail::bwrap_options_and_sources(layout, &placeholder);
         let stage = staging.map(|(root, host_root)| StageSpec {
@@ -190,6 +194,7 @@ impl Recipe {
                 .unwrap_or_default(),
             size_bytes: i.env.limits.workspace_bytes,
             files: i.env.limits.workspace_files,
+            network: network_given,
             project: i
                 .project
                 .filter(|p| p.overlay && p.access != ProjectAccess::ReadWrite)

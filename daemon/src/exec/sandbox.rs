@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::net::unix::pipe;
 
 use super::admission::Reservation;
+use super::nest::network;
 use super::process::{Exit, Process, Watched};
 use super::spawn::HeldNamespaces;
 use super::status::Status;
@@ -50,6 +51,8 @@ pub(super) struct Prepared {
     pub(super) staged: Option<OwnedFd>,
     /// Mount namespaces held past the sandbox's processes (see `spawn`).
     pub(super) namespaces: HeldNamespaces,
+    /// The network namespace the nest gave it (see `nest::network`).
+    pub(super) network: Option<network::Held>,
     /// A pre-started interpreter's hook, waiting for its message.
     pub(super) go: Option<Go>,
     /// The command has started (a pre-started interpreter, waiting in its
@@ -141,6 +144,7 @@ impl Prepared {
             _code: self.code,
             staged: self.staged,
             _namespaces: self.namespaces,
+            network_namespace: self.network,
         };
         // A failed write means bubblewrap is gone, which its exit explains.
         if !self.released {
@@ -194,6 +198,8 @@ pub struct Sandbox {
     staged: Option<OwnedFd>,
     /// See [`Prepared::namespaces`].
     _namespaces: HeldNamespaces,
+    /// See [`Prepared::network`].
+    network_namespace: Option<network::Held>,
 }
 
 /// How a sandbox's processes were stopped between calls.
@@ -333,9 +339,17 @@ impl Sandbox {
 
     /// The end of a sandbox whose program has ended and whose call is
     /// settled: once bubblewrap has exited ([`Sandbox::ended`]), the cgroup
-    /// goes back to the pool and every process is reaped.
+    /// goes back to the pool and every process is reaped. Its network
+    /// namespace goes back to the nest's pool when its init, the last of
+    /// its processes, is seen to have ended too.
     pub(super) async fn wind_down(mut self) {
         self.ended().await;
+        if let (Some(init), Some(network)) = (&self.init, &mut self.network_namespace)
+            && self.process.has_exited()
+            && init.has_ended()
+        {
+            network.vacated();
+        }
         self.lease.release();
         drop(self);
         super::process::reap_orphans();

@@ -15,7 +15,7 @@ use rustix::process::{Pid, Signal};
 
 use super::child::ChildPlan;
 use super::launch::{Output, launch};
-use super::nest::{Nest, Reaped, Reported, ViewAttach};
+use super::nest::{Nest, Reaped, Reported, ViewAttach, network};
 use super::process::{Process, watch_child_of};
 use super::recipe::{Recipe, nul_separated};
 use super::sandbox::{Go, Prepared};
@@ -51,6 +51,8 @@ pub(super) struct Spawned {
     masks: Option<(OwnedFd, ViewAttach)>,
     /// In the nest: what its init reaped (the sandbox's init ends up there).
     reaped: Option<Arc<Reaped>>,
+    /// The network namespace the stage gave it.
+    network: Option<network::Held>,
 }
 
 /// Starts bubblewrap for `recipe`, passing `extra` descriptors on to the
@@ -135,6 +137,9 @@ pub(super) fn spawn(
         protected: &recipe.protected,
         caches: &recipe.caches,
         hook_vars: &hook_vars,
+        // Only where the stage gives it: the child that becomes bubblewrap
+        // then joins or makes it before anything else, or fails.
+        network_given: nest.is_some() && recipe.stage.as_ref().is_some_and(|s| s.network),
     };
     // bubblewrap waits on the read ends; the write ends wait for the mounts.
     let (view_sync, view) = view.map(|((r, w), attach)| (r, (w, attach))).unzip();
@@ -187,7 +192,7 @@ pub(super) fn spawn(
     let spawned = launch(&platform.bwrap, &args, &plan, Output::Piped);
     // The child's end of the reports closes with the plan.
     drop(plan);
-    let (launched, reported) = match receipt {
+    let (launched, mut reported) = match receipt {
         None => (spawned?, None),
         Some(receipt) => {
             let reported = receipt.collect(spawned.as_ref().ok().map(|c| c.pid));
@@ -205,6 +210,11 @@ pub(super) fn spawn(
         }
     };
     let (stdout, stderr) = launched.output.expect("piped");
+    let network = reported
+        .as_mut()
+        .and_then(|r| r.network.take())
+        .zip(nest)
+        .map(|(namespace, n)| n.hold_network(namespace));
     // In the nest, bubblewrap is not the process spawned (that one has
     // exited) but the one it started for us.
     let (pid, staged) = match reported {
@@ -212,10 +222,12 @@ pub(super) fn spawn(
         Some(Reported {
             bubblewrap: Some(pid),
             staged: Some(Ok(fd)),
+            ..
         }) => (Some(pid), Some(fd)),
         Some(Reported {
             bubblewrap: Some(pid),
             staged: None,
+            ..
         }) if recipe.stage.is_none() => (Some(pid), None),
         Some(r) => {
             kill_and_reap(r.bubblewrap);
@@ -249,6 +261,7 @@ pub(super) fn spawn(
         view,
         masks,
         reaped: nest.map(|n| n.reaped().clone()),
+        network,
     })
 }
 
@@ -415,6 +428,7 @@ impl Spawned {
             proxy_listener: listener,
             staged: self.staged,
             namespaces,
+            network: self.network,
             go,
             released: false,
         })

@@ -86,6 +86,7 @@ fn bare_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Cal
         protected: &[],
         caches: &[],
         hook_vars: &[],
+        network_given: false,
     }
 }
 
@@ -127,6 +128,35 @@ fn every_namespace_and_no_capabilities() {
     assert!(has(&a, &["--new-session"]));
     assert!(has(&a, &["--uid", "1000"]));
     assert!(!a.iter().any(|x| x == "--share-net"));
+}
+
+#[test]
+fn a_given_network_namespace_replaces_bubblewraps_but_never_for_an_environment_with_network() {
+    let plain = env();
+    let given = |e| {
+        options(&Call {
+            network_given: true,
+            ..bare_call(e, None)
+        })
+    };
+    let a = given(&plain);
+    assert!(!a.iter().any(|x| x == "--unshare-net"), "{a:?}");
+    assert!(!a.iter().any(|x| x == "--share-net"), "{a:?}");
+    // Every other namespace is still bubblewrap's to make.
+    assert!(has(
+        &a,
+        &[
+            "--unshare-user",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-cgroup",
+            "--uid"
+        ]
+    ));
+    let mut networked = env();
+    networked.network = NetworkSetting::Proxied(crate::network::Policy::any_public());
+    assert!(given(&networked).iter().any(|x| x == "--unshare-net"));
 }
 
 #[test]

@@ -17,6 +17,7 @@
 //! the overlay is unavailable, and the daemon says so and falls back.
 
 pub mod holder;
+pub mod network;
 pub mod root;
 pub mod stage;
 pub mod view;
@@ -52,6 +53,8 @@ pub struct Nest {
     stage_root: PathBuf,
     /// What the nest's init reaped, by pid in the nest.
     reaped: Arc<Reaped>,
+    /// Idle network namespaces for sandboxes without network.
+    networks: Arc<network::Pool>,
 }
 
 #[derive(Debug)]
@@ -203,6 +206,7 @@ impl Nest {
             namespaces: Arc::new(namespaces),
             stage_root: stage_root.to_path_buf(),
             reaped,
+            networks: Arc::default(),
         })
     }
 
@@ -221,7 +225,12 @@ impl Nest {
             None,
         )?;
         let stage = match spec {
-            Some(spec) => Some(stage::Plan::new(&self.stage_root, spec, owner)?),
+            Some(spec) => Some(stage::Plan::new(
+                &self.stage_root,
+                spec,
+                owner,
+                spec.network.then(|| self.networks.plan()),
+            )?),
             None => None,
         };
         Ok((
@@ -263,6 +272,11 @@ impl Nest {
                 .map(|(source, target)| Ok((c(source)?, c(target)?)))
                 .collect::<std::io::Result<_>>()?,
         })
+    }
+
+    /// Holds a sandbox's network namespace, as its stage reported it.
+    pub(super) fn hold_network(&self, namespace: OwnedFd) -> network::Held {
+        network::Held::new(namespace, self.networks.clone())
     }
 
     /// Usage reports of the processes the nest's init reaps.
@@ -411,7 +425,7 @@ impl Entry {
     /// as the daemon's (`CLONE_PARENT`). Only system calls.
     pub(super) fn join(&self) -> std::io::Result<()> {
         let fail = |step: stage::Step, e: rustix::io::Errno| {
-            stage::report(&self.socket, &Err(step));
+            stage::report(&self.socket, Err(step));
             std::io::Error::from(e)
         };
         rustix::thread::move_into_link_name_space(
@@ -431,7 +445,7 @@ impl Entry {
     pub(super) fn report_started(&self, started: Result<i32, rustix::io::Errno>) {
         match started {
             Ok(pid) => stage::report_pid(&self.socket, pid),
-            Err(_) => stage::report(&self.socket, &Err(stage::Step::Fork)),
+            Err(_) => stage::report(&self.socket, Err(stage::Step::Fork)),
         }
     }
 
@@ -442,9 +456,12 @@ impl Entry {
         rustix::process::setpgid(None, None)?;
         if let Some(plan) = &self.stage {
             match plan.apply() {
-                Ok(dir) => stage::report(&self.socket, &Ok(dir)),
+                Ok((dir, None)) => stage::report(&self.socket, Ok(&[dir.as_fd()])),
+                Ok((dir, Some(network))) => {
+                    stage::report(&self.socket, Ok(&[dir.as_fd(), network.as_fd()]))
+                }
                 Err((step, e)) => {
-                    stage::report(&self.socket, &Err(step));
+                    stage::report(&self.socket, Err(step));
                     return Err(e.into());
                 }
             }

@@ -14,7 +14,7 @@
 use std::ffi::CString;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -25,6 +25,7 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags,
 };
 
+use super::network;
 use crate::jail::staged;
 
 /// The overlay's upper layer (the project's changes) and its work
@@ -46,6 +47,9 @@ pub struct Spec {
     /// The top-level entries of the host's root that the sandbox's
     /// bubblewrap sees (see `root.rs`); empty: the whole root.
     pub host_root: Vec<std::path::PathBuf>,
+    /// The sandbox's network namespace is the stage's to give (one with
+    /// only a loopback, see `network.rs`), not bubblewrap's to make.
+    pub network: bool,
 }
 
 impl Spec {
@@ -56,6 +60,7 @@ impl Spec {
             files: 64,
             project: None,
             host_root: Vec::new(),
+            network: false,
         }
     }
 }
@@ -85,6 +90,7 @@ pub(in crate::exec) enum Step {
     HostRoot = 10,
     Pivot = 11,
     Dev = 12,
+    Network = 13,
 }
 
 impl Step {
@@ -103,6 +109,7 @@ impl Step {
             Step::HostRoot,
             Step::Pivot,
             Step::Dev,
+            Step::Network,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -123,9 +130,14 @@ impl Step {
             Step::HostRoot => "binding the host's directories into the sandbox's own root",
             Step::Pivot => "changing to the sandbox's own root",
             Step::Dev => "making the sandbox's /dev",
+            Step::Network => "making or joining the sandbox's network namespace",
         }
     }
 }
+
+/// What a child staged: the tmpfs, and the network namespace it is in
+/// when the stage gave it.
+pub(super) type Staged<'a> = (OwnedFd, Option<network::NamespaceFd<'a>>);
 
 /// A staging plan, prepared before the child starts: only C strings and descriptors.
 pub(in crate::exec) struct Plan {
@@ -139,6 +151,7 @@ pub(in crate::exec) struct Plan {
     owner: Option<(u32, u32)>,
     project: Option<ProjectPlan>,
     dev: DevPlan,
+    network: Option<network::Plan>,
 }
 
 /// The sandbox's /dev on the scratch tmpfs (see [`staged::DEV`]): absolute
@@ -182,10 +195,13 @@ fn c_path(p: &Path) -> io::Result<CString> {
 }
 
 impl Plan {
+    /// `network`: what gives the sandbox its network namespace, when
+    /// `spec` says the stage does.
     pub(in crate::exec) fn new(
         root: &Path,
         spec: &Spec,
         owner: Option<(u32, u32)>,
+        network: Option<network::Plan>,
     ) -> io::Result<Plan> {
         use std::os::unix::fs::MetadataExt;
         let c = |s: String| CString::new(s).map_err(|_| io::Error::other("NUL in an option"));
@@ -239,11 +255,18 @@ impl Plan {
             ))?,
             owner,
             project,
+            network,
         })
     }
 
-    /// In the child, inside the nest: builds everything, or fails naming the step.
-    pub(super) fn apply(&self) -> Result<OwnedFd, (Step, rustix::io::Errno)> {
+    /// In the child, inside the nest: builds everything, or fails naming
+    /// the step.
+    pub(super) fn apply(&self) -> Result<Staged<'_>, (Step, rustix::io::Errno)> {
+        // First, while /proc is still the daemon's (see `network.rs`).
+        let network = match &self.network {
+            Some(plan) => Some(plan.apply().map_err(|e| (Step::Network, e))?),
+            None => None,
+        };
         // SAFETY: only CLONE_NEWNS: the mount namespace is per process and
         // the child has one thread.
         unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
@@ -346,7 +369,7 @@ impl Plan {
         if let Some(r) = &self.host_root {
             r.enter().map_err(|e| (Step::Pivot, e))?;
         }
-        Ok(dir)
+        Ok((dir, network))
     }
 }
 
@@ -517,18 +540,18 @@ pub(super) fn report_pid(socket: &OwnedFd, pid: i32) {
 }
 
 /// Sends the outcome of staging to the daemon: the step byte, with the
-/// staged tmpfs's descriptor when it succeeded. In the child: no allocation.
-pub(super) fn report(socket: &OwnedFd, result: &Result<OwnedFd, Step>) {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+/// staged tmpfs's descriptor and the network namespace's, if the stage
+/// gave it, when it succeeded. In the child: no allocation.
+pub(super) fn report(socket: &OwnedFd, result: Result<&[BorrowedFd<'_>], Step>) {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    let (byte, fds);
+    let byte;
     match result {
-        Ok(fd) => {
+        Ok(fds) => {
             byte = [Step::Done as u8];
-            fds = [fd.as_fd()];
-            control.push(SendAncillaryMessage::ScmRights(&fds));
+            control.push(SendAncillaryMessage::ScmRights(fds));
         }
-        Err(step) => byte = [*step as u8],
+        Err(step) => byte = [step as u8],
     }
     let _ = rustix::net::sendmsg(
         socket,
@@ -546,6 +569,8 @@ pub(in crate::exec) struct Reported {
     pub(in crate::exec) bubblewrap: Option<i32>,
     /// The staged tmpfs, or why staging failed; `None` when nothing was staged.
     pub(in crate::exec) staged: Option<Result<OwnedFd, String>>,
+    /// The network namespace the stage gave the sandbox.
+    pub(in crate::exec) network: Option<OwnedFd>,
 }
 
 /// Reads every report waiting on `socket`.
@@ -553,7 +578,7 @@ pub(in crate::exec) fn receive(socket: &OwnedFd) -> Reported {
     let mut reported = Reported::default();
     loop {
         let mut message = [0u8; 8];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let Ok(got) = rustix::net::recvmsg(
             socket,
@@ -563,10 +588,11 @@ pub(in crate::exec) fn receive(socket: &OwnedFd) -> Reported {
         ) else {
             return reported;
         };
-        let mut fd = None;
+        let (mut fd, mut network) = (None, None);
         for m in control.drain() {
             if let RecvAncillaryMessage::ScmRights(mut fds) = m {
                 fd = fds.next();
+                network = fds.next();
             }
         }
         match (got.bytes, message[0]) {
@@ -576,6 +602,7 @@ pub(in crate::exec) fn receive(socket: &OwnedFd) -> Reported {
                 reported.bubblewrap = Some(pid);
             }
             (1, byte) => {
+                reported.network = network;
                 reported.staged = Some(match (Step::from_byte(byte), fd) {
                     (Some(Step::Done), Some(fd)) => Ok(fd),
                     (Some(step), _) => Err(format!("{} failed", step.describe())),
