@@ -145,6 +145,11 @@ pub struct Call<'a> {
     /// happens (the file is hidden by the sandbox's /tmp). Without it
     /// bubblewrap mounts each mask.
     pub proc_masks_sync: Option<RawFd>,
+    /// The staged filesystems ([`staged_mounts`]) are mounted from outside
+    /// with the /proc masks, not bound by bubblewrap, which then only makes
+    /// their mount points: each bind of bubblewrap's reads and parses the
+    /// whole mount table. Only with `staged` and `proc_masks_sync`.
+    pub staged_outside: bool,
     /// The project's protected paths that exist on the host as files or
     /// directories (not symlinks), relative: read-only in a read-write project.
     pub protected: &'a [String],
@@ -186,6 +191,31 @@ pub const PROC_MASKS_SYNC_FILE: &str = "/tmp/.nsm-masks-sync";
 /// view is mounted from outside.
 pub fn while_set_up(path: &Path) -> PathBuf {
     Path::new("/newroot").join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// The staged filesystems (see [`staged`]), each with where the sandbox
+/// sees it: /dev, /tmp, /workspace and the project's overlay.
+pub fn staged_mounts(call: &Call) -> Vec<(PathBuf, PathBuf)> {
+    let Some(root) = call.staged else {
+        return Vec::new();
+    };
+    let mut mounts: Vec<(PathBuf, PathBuf)> = [
+        (staged::DEV, "/dev"),
+        (staged::TMP, TMP),
+        (staged::WORKSPACE, WORKSPACE),
+    ]
+    .into_iter()
+    .map(|(dir, at)| (root.join(dir), PathBuf::from(at)))
+    .collect();
+    if let Some(p) = call.project.filter(|p| staged_project(p)) {
+        mounts.push((root.join(staged::PROJECT), PathBuf::from(&p.mount_point)));
+    }
+    mounts
+}
+
+/// Whether a staged sandbox sees `project` through the staged overlay.
+fn staged_project(project: &ProjectMount) -> bool {
+    project.overlay && project.access != ProjectAccess::ReadWrite
 }
 
 /// The store directory of a closure: the one parent all its paths have
@@ -317,7 +347,9 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     // Kernel interfaces and scratch space. Every writable filesystem has a
     // size: staged, one tmpfs bounded in size and files holds them all.
     a.pair("--proc", "/proc");
+    let outside = call.staged_outside && call.proc_masks_sync.is_some();
     match call.staged {
+        Some(_) if outside => {}
         // One bind, where `--dev` makes one per device node.
         Some(root) => a.triple_os(
             "--dev-bind",
@@ -327,7 +359,14 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
         None => a.pair("--dev", "/dev"),
     }
     match call.proc_masks_sync {
-        Some(sync) => a.triple("--file", &sync.to_string(), PROC_MASKS_SYNC_FILE),
+        Some(sync) => {
+            if outside {
+                for (_, at) in staged_mounts(call) {
+                    a.pair_os("--dir", at.as_os_str());
+                }
+            }
+            a.triple("--file", &sync.to_string(), PROC_MASKS_SYNC_FILE)
+        }
         None => {
             for f in &layout.proc_masked_files {
                 a.bind_ro(&layout.empty_file, f);
@@ -339,6 +378,7 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
         }
     }
     match call.staged {
+        Some(_) if outside => {}
         Some(root) => {
             for (dir, at) in [(staged::TMP, TMP), (staged::WORKSPACE, WORKSPACE)] {
                 a.triple_os("--bind", root.join(dir).as_os_str(), at.as_ref());
@@ -381,7 +421,8 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
                     a.bind_ro(&p.host_path.join(rel), &Path::new(&p.mount_point).join(rel));
                 }
             }
-            (_, Some(root)) if p.overlay => {
+            (_, Some(_)) if outside && staged_project(p) => {}
+            (_, Some(root)) if staged_project(p) => {
                 a.triple_os("--bind", root.join(staged::PROJECT).as_os_str(), at)
             }
             _ => a.triple_os("--ro-bind", p.host_path.as_os_str(), at),

@@ -38,13 +38,14 @@ def local_flake() -> str:
     return f"path:{d}"
 
 
-async def offered(s: ClientSession, name: str) -> str:
-    """The run tool's description once it lists `name`: start-up builds end
-    after the handshake, and the tool list changes when they do."""
+async def offered(s: ClientSession, name: str, also: str = "") -> str:
+    """The run tool's description once it lists `name` (and says `also`):
+    start-up builds end after the handshake, each in its own time, and the
+    tool list changes when they do."""
     with anyio.fail_after(240):
         while True:
             description = (await s.list_tools()).tools[0].description or ""
-            if f"- {name}: " in description:
+            if f"- {name}: " in description and also in description:
                 return description
             await anyio.sleep(0.2)
 
@@ -69,8 +70,9 @@ def test_nix_sandbox_envs_are_built_at_start_and_a_bad_one_is_only_a_warning():
 
     async def t():
         async with session(env=env) as s:
-            description = await offered(s, "extra")
-            assert "Could not be built (the server's log says why): path:/nonexistent/flake#nothing." in description, description
+            failed = "Could not be built (the server's log says why): path:/nonexistent/flake#nothing."
+            description = await offered(s, "extra", also=failed)
+            assert failed in description, description
             sc, _, err = await call(s, "extra", "echo built by nix; ls /usr/bin")
             assert not err and sc["stdout"] == "built by nix\nenv\n", dump(sc)
     run_async(t)

@@ -94,6 +94,7 @@ pub(super) fn spawn(
                     n.view_attach(
                         v.clone(),
                         &[(platform.view_dir.clone(), jail::while_set_up(store))],
+                        &[],
                     )?,
                 )),
                 None => None,
@@ -101,13 +102,10 @@ pub(super) fn spawn(
         }
         _ => None,
     };
-    // The /proc masks from their view: the same kind of pipe, read once
-    // bubblewrap has mounted /proc.
+    // The /proc masks from their view, and the staged filesystems with
+    // them: the same kind of pipe, read once bubblewrap has mounted /proc.
     let masks = match (nest, &recipe.masks) {
-        (Some(n), Some(m)) => Some((
-            full_pipe()?,
-            n.view_attach(m.clone(), &mask_mounts(platform))?,
-        )),
+        (Some(n), Some(m)) => Some((full_pipe()?, (n, m))),
         _ => None,
     };
     let hook_vars = match (&recipe.warm, &go) {
@@ -134,12 +132,26 @@ pub(super) fn spawn(
         staged: nest.map(|_| platform.stage_dir.as_path()),
         store_view: view.as_ref().map(|((r, _), _)| r.as_raw_fd()),
         proc_masks_sync: masks.as_ref().map(|((r, _), _)| r.as_raw_fd()),
+        staged_outside: masks.is_some(),
         protected: &recipe.protected,
         caches: &recipe.caches,
         hook_vars: &hook_vars,
         // Only where the stage gives it: the child that becomes bubblewrap
         // then joins or makes it before anything else, or fails.
         network_given: nest.is_some() && recipe.stage.as_ref().is_some_and(|s| s.network),
+    };
+    let masks = match masks {
+        Some((pipe, (n, m))) => {
+            let staged: Vec<_> = jail::staged_mounts(&call)
+                .into_iter()
+                .map(|(source, at)| (source, jail::while_set_up(&at)))
+                .collect();
+            Some((
+                pipe,
+                n.view_attach(m.clone(), &mask_mounts(platform), &staged)?,
+            ))
+        }
+        None => None,
     };
     // bubblewrap waits on the read ends; the write ends wait for the mounts.
     let (view_sync, view) = view.map(|((r, w), attach)| (r, (w, attach))).unzip();
@@ -287,10 +299,11 @@ fn full_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 const PIPE_PAGE: usize = 4096;
 
 /// Waits until bubblewrap reads the (full) `sync` pipe, then mounts what
-/// `attach` mounts (the /proc masks, a store view); dropping `sync` lets
-/// bubblewrap go on.
+/// `attach` mounts (the /proc masks and the staged filesystems, a store
+/// view) into the sandbox of init `pid`, from the stage of bubblewrap
+/// `stage`; dropping `sync` lets bubblewrap go on.
 /// A bubblewrap that ended first is left for the run to report.
-fn mount_from_view(sync: OwnedFd, attach: &ViewAttach, pid: i32) -> io::Result<()> {
+fn mount_from_view(sync: OwnedFd, attach: &ViewAttach, pid: i32, stage: i32) -> io::Result<()> {
     use rustix::event::{PollFd, PollFlags, Timespec};
     let deadline = std::time::Instant::now() + INIT_LIMIT;
     let revents = loop {
@@ -314,7 +327,7 @@ fn mount_from_view(sync: OwnedFd, attach: &ViewAttach, pid: i32) -> io::Result<(
     if revents.intersects(PollFlags::ERR | PollFlags::HUP) {
         return Ok(());
     }
-    attach.run(pid)
+    attach.run(pid, stage)
 }
 
 /// Each /proc mask's source in the masks' view and its target while
@@ -381,10 +394,10 @@ impl Spawned {
                 // In bubblewrap's order: the masks once /proc is mounted,
                 // the store view after every other mount.
                 if let Some((sync, attach)) = self.masks.take() {
-                    mount_from_view(sync, &attach, pid)?;
+                    mount_from_view(sync, &attach, pid, bubblewrap)?;
                 }
                 if let Some((sync, attach)) = self.view.take() {
-                    mount_from_view(sync, &attach, pid)?;
+                    mount_from_view(sync, &attach, pid, bubblewrap)?;
                 }
                 limit_init(pid, &recipe.init_rlimits, run_as)?;
                 namespaces = hold_mount_namespaces(self.process.pid() as i32, pid);

@@ -87,6 +87,7 @@ fn bare_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Cal
         caches: &[],
         hook_vars: &[],
         network_given: false,
+        staged_outside: false,
     }
 }
 
@@ -128,6 +129,60 @@ fn every_namespace_and_no_capabilities() {
     assert!(has(&a, &["--new-session"]));
     assert!(has(&a, &["--uid", "1000"]));
     assert!(!a.iter().any(|x| x == "--share-net"));
+}
+
+#[test]
+fn staged_filesystems_mounted_from_outside_get_mount_points_before_the_masks_sync_and_no_binds() {
+    let env = env();
+    let project = ProjectMount {
+        access: ProjectAccess::Overlay,
+        overlay: true,
+        ..read_write_project(&[])
+    };
+    let staged = Path::new("/run/nsm/stage");
+    let call = Call {
+        staged: Some(staged),
+        proc_masks_sync: Some(12),
+        staged_outside: true,
+        ..bare_call(&env, Some(&project))
+    };
+    assert_eq!(
+        staged_mounts(&call),
+        [
+            ("/run/nsm/stage/dev", "/dev"),
+            ("/run/nsm/stage/tmp", "/tmp"),
+            ("/run/nsm/stage/workspace", "/workspace"),
+            ("/run/nsm/stage/project", "/project"),
+        ]
+        .map(|(a, b)| (PathBuf::from(a), PathBuf::from(b)))
+    );
+    let a = options(&call);
+    let sync = pos(&a, &["--file", "12", PROC_MASKS_SYNC_FILE]);
+    for at in ["/dev", "/tmp", "/workspace", "/project"] {
+        assert!(pos(&a, &["--dir", at]) < sync, "{at}: {a:?}");
+    }
+    assert!(!a.iter().any(|x| x.starts_with("/run/nsm/stage")), "{a:?}");
+    assert!(pos(&a, &["--proc", "/proc"]) < sync);
+    assert!(sync < pos(&a, &["--remount-ro", "/dev"]));
+    // Without the masks' sync there is no moment to mount them: bound.
+    let a = options(&Call {
+        proc_masks_sync: None,
+        ..call.clone()
+    });
+    assert!(has(&a, &["--dev-bind", "/run/nsm/stage/dev", "/dev"]));
+    assert!(has(
+        &a,
+        &["--bind", "/run/nsm/stage/workspace", "/workspace"]
+    ));
+    assert!(has(&a, &["--bind", "/run/nsm/stage/project", "/project"]));
+    // A read-write project is the host's, bound by bubblewrap either way.
+    let rw = read_write_project(&[]);
+    let a = options(&Call {
+        project: Some(&rw),
+        ..call.clone()
+    });
+    assert!(has(&a, &["--bind", "/home/u/proj", "/project"]));
+    assert!(!has(&a, &["--dir", "/project"]));
 }
 
 #[test]

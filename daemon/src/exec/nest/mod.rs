@@ -118,20 +118,28 @@ pub(super) struct Entry {
     socket: OwnedFd,
 }
 
-/// Mounts what a view holds (a store, the /proc masks) into one sandbox
-/// while its bubblewrap waits.
+/// Mounts what a view holds (a store, the /proc masks), and what the
+/// sandbox's stage holds, into one sandbox while its bubblewrap waits.
 pub(super) struct ViewAttach {
     namespaces: Arc<Namespaces>,
     view: Arc<view::View>,
     /// Each mount: its source in the view, its target in the sandbox.
     mounts: Vec<(std::ffi::CString, std::ffi::CString)>,
+    /// Each mount from the stage: its source there, its target in the sandbox.
+    staged: Vec<(std::ffi::CString, std::ffi::CString)>,
 }
 
 impl ViewAttach {
-    /// Mounts them in the mount namespace of bubblewrap's process `pid`; a
+    /// Mounts them in the mount namespace of bubblewrap's process `pid`,
+    /// the staged ones from the mount namespace of its process `stage`; a
     /// view that failed is marked, and not used again.
-    pub(super) fn run(&self, pid: i32) -> std::io::Result<()> {
-        let result = view::attach(&self.namespaces.user, &self.view, &self.mounts, pid);
+    pub(super) fn run(&self, pid: i32, stage: i32) -> std::io::Result<()> {
+        let result = view::attach(
+            &self.namespaces.user,
+            (&self.view, &self.mounts),
+            (stage, &self.staged),
+            pid,
+        );
         if result.is_err() {
             self.view
                 .failed
@@ -250,27 +258,31 @@ impl Nest {
     }
 
     /// What mounts, from `view`, each `(source, target)` of `mounts` (the
-    /// source in the view's namespace) in a sandbox being set up (see
-    /// [`view::attach`]).
+    /// source in the view's namespace), and each of `staged` from the
+    /// sandbox's stage, in a sandbox being set up (see [`view::attach`]).
     pub(super) fn view_attach(
         &self,
         view: Arc<view::View>,
         mounts: &[(PathBuf, PathBuf)],
+        staged: &[(PathBuf, PathBuf)],
     ) -> std::io::Result<ViewAttach> {
         let c = |p: &Path| {
             std::ffi::CString::new(p.as_os_str().as_bytes())
                 .map_err(|_| std::io::Error::other("a path with a NUL byte"))
         };
-        if mounts.len() > view::ATTACH_MOST {
+        if mounts.len() + staged.len() > view::ATTACH_MOST {
             return Err(std::io::Error::other("too many mounts from one view"));
         }
+        let both = |list: &[(PathBuf, PathBuf)]| {
+            list.iter()
+                .map(|(source, target)| Ok((c(source)?, c(target)?)))
+                .collect::<std::io::Result<_>>()
+        };
         Ok(ViewAttach {
             namespaces: self.namespaces.clone(),
             view,
-            mounts: mounts
-                .iter()
-                .map(|(source, target)| Ok((c(source)?, c(target)?)))
-                .collect::<std::io::Result<_>>()?,
+            mounts: both(mounts)?,
+            staged: both(staged)?,
         })
     }
 

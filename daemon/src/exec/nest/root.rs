@@ -7,7 +7,7 @@
 //! So the staging child pivots into a root of its own before it becomes
 //! bubblewrap: a small tmpfs holding only the top-level entries of the
 //! host's root that are needed (those holding what the sandbox binds, the
-//! system directories bubblewrap runs from, /dev, the nest's /proc), each
+//! system directories bubblewrap runs from, the nest's /proc), each
 //! directory bound with what is mounted under it, each symlink copied.
 //! Paths stay the host's, so bubblewrap's options do not change.
 //!
@@ -22,10 +22,11 @@ use std::sync::Mutex;
 
 /// Top-level entries every such root keeps where the host has them: the
 /// system directories (and their merged-/usr symlinks) that programs and
-/// their libraries come from, /dev (bubblewrap binds its device nodes from
-/// it) and /proc (the nest's, mounted by the stage).
-const SYSTEM: [&str; 11] = [
-    "usr", "etc", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "nix", "dev", "proc",
+/// their libraries come from, and /proc (the nest's, mounted by the
+/// stage). Not /dev: the stage makes the sandbox's from the host's before
+/// it changes root, and bubblewrap binds that in one piece.
+const SYSTEM: [&str; 10] = [
+    "usr", "etc", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "nix", "proc",
 ];
 
 /// What bubblewrap itself needs of the host's root.

@@ -186,60 +186,92 @@ fn view(user_namespace: &Path, view_dir: &Path) -> std::io::Result<()> {
 
 /// The steps of [`attach`], in order; the child exits with the number of
 /// the one that failed.
-const ATTACH_STEPS: [&str; 6] = [
+const ATTACH_STEPS: [&str; 8] = [
     "joining the nest's user namespace",
     "joining the view's mount namespace",
     "copying the view",
     "joining the sandbox's mount namespace",
     "mounting the copy in the sandbox",
     "counting the mounts",
+    "joining the stage's mount namespace",
+    "copying from the stage",
 ];
 
 /// The most mounts one [`attach`] makes.
 pub(in crate::exec) const ATTACH_MOST: usize = 16;
 
-/// Mounts a copy of each `(source, target)` of `mounts`, `source` in
-/// `view`'s namespace and `target` in the mount namespace of process `pid`,
-/// from a child that joins `user_namespace` (the nest's, which owns both
-/// namespaces). Blocking (a child and a few system calls a mount; a copy of
-/// a store is one mount per store path, made by the kernel in one go).
+/// The mounts of one [`attach`] from one place: sources there, targets in
+/// the sandbox.
+type Mounts = [(std::ffi::CString, std::ffi::CString)];
+
+/// Mounts a copy of each `(source, target)` of `from_view`'s mounts,
+/// `source` in the view's namespace, and of `from_stage`'s, `source` in the
+/// mount namespace of that process (the sandbox's bubblewrap, in its
+/// stage), each `target` in the mount namespace of process `pid`, from a
+/// child that joins `user_namespace` (the nest's, which owns all three
+/// namespaces). Blocking (a child and a few system calls a mount; a copy
+/// of a store is one mount per store path, made by the kernel in one go).
 pub(in crate::exec) fn attach(
     user_namespace: &OwnedFd,
-    view: &View,
-    mounts: &[(std::ffi::CString, std::ffi::CString)],
+    from_view: (&View, &Mounts),
+    from_stage: (i32, &Mounts),
     pid: i32,
 ) -> std::io::Result<()> {
     use rustix::mount::{MoveMountFlags, OpenTreeFlags};
-    let sandbox = rustix::fs::open(
-        format!("/proc/{pid}/ns/mnt").as_str(),
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
+    let (view, mounts) = from_view;
+    let (stage, staged) = from_stage;
+    let namespace = |pid: i32| {
+        rustix::fs::open(
+            format!("/proc/{pid}/ns/mnt").as_str(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+    };
+    let sandbox = namespace(pid)?;
+    let stage = match staged.is_empty() {
+        true => None,
+        false => Some(namespace(stage)?),
+    };
     let cwd = rustix::fs::CWD;
     // Only system calls, on values prepared above (see `launch::in_child`);
     // the copies are the child's descriptors, closed in the child.
     let steps = || {
-        if mounts.len() > ATTACH_MOST {
+        if mounts.len() + staged.len() > ATTACH_MOST {
             return 6;
         }
         let join = |ns: &OwnedFd, kind| {
             rustix::thread::move_into_link_name_space(ns.as_fd(), Some(kind)).is_err()
         };
+        let copy = |source: &std::ffi::CStr| {
+            rustix::mount::open_tree(
+                cwd,
+                source,
+                OpenTreeFlags::OPEN_TREE_CLONE
+                    | OpenTreeFlags::AT_RECURSIVE
+                    | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+            )
+        };
         if join(user_namespace, LinkNameSpaceType::User) {
             return 1;
+        }
+        let mut trees: [Option<OwnedFd>; ATTACH_MOST] = Default::default();
+        let (from_stage, from_view) = trees.split_at_mut(staged.len());
+        if let Some(stage) = &stage {
+            if join(stage, LinkNameSpaceType::Mount) {
+                return 7;
+            }
+            for ((source, _), tree) in staged.iter().zip(from_stage.iter_mut()) {
+                match copy(source) {
+                    Ok(fd) => *tree = Some(fd),
+                    Err(_) => return 8,
+                }
+            }
         }
         if join(&view.namespace, LinkNameSpaceType::Mount) {
             return 2;
         }
-        let mut trees: [Option<OwnedFd>; ATTACH_MOST] = Default::default();
-        for ((source, _), tree) in mounts.iter().zip(trees.iter_mut()) {
-            match rustix::mount::open_tree(
-                cwd,
-                source.as_c_str(),
-                OpenTreeFlags::OPEN_TREE_CLONE
-                    | OpenTreeFlags::AT_RECURSIVE
-                    | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            ) {
+        for ((source, _), tree) in mounts.iter().zip(from_view.iter_mut()) {
+            match copy(source) {
                 Ok(fd) => *tree = Some(fd),
                 Err(_) => return 3,
             }
@@ -247,7 +279,7 @@ pub(in crate::exec) fn attach(
         if join(&sandbox, LinkNameSpaceType::Mount) {
             return 4;
         }
-        for ((_, target), tree) in mounts.iter().zip(trees.iter()) {
+        for ((_, target), tree) in staged.iter().chain(mounts).zip(trees.iter()) {
             let Some(tree) = tree else {
                 return 3;
             };
