@@ -145,11 +145,12 @@ pub struct Call<'a> {
     /// happens (the file is hidden by the sandbox's /tmp). Without it
     /// bubblewrap mounts each mask.
     pub proc_masks_sync: Option<RawFd>,
-    /// The staged filesystems ([`staged_mounts`]) are mounted from outside
-    /// with the /proc masks, not bound by bubblewrap, which then only makes
-    /// their mount points: each bind of bubblewrap's reads and parses the
-    /// whole mount table. Only with `staged` and `proc_masks_sync`.
-    pub staged_outside: bool,
+    /// /etc and the staged filesystems ([`outside_mounts`]) are mounted
+    /// from outside with the /proc masks, not bound by bubblewrap, which
+    /// then only makes their mount points: each bind of bubblewrap's reads
+    /// and parses the whole mount table. Only with `staged` and
+    /// `proc_masks_sync`.
+    pub mounts_from_outside: bool,
     /// The project's protected paths that exist on the host as files or
     /// directories (not symlinks), relative: read-only in a read-write project.
     pub protected: &'a [String],
@@ -193,24 +194,62 @@ pub fn while_set_up(path: &Path) -> PathBuf {
     Path::new("/newroot").join(path.strip_prefix("/").unwrap_or(path))
 }
 
-/// The staged filesystems (see [`staged`]), each with where the sandbox
-/// sees it: /dev, /tmp, /workspace and the project's overlay.
-pub fn staged_mounts(call: &Call) -> Vec<(PathBuf, PathBuf)> {
+/// A mount made from outside (see [`Call::mounts_from_outside`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutsideMount {
+    /// In the mount namespace bubblewrap runs in.
+    pub source: PathBuf,
+    /// Where the sandbox sees it.
+    pub target: PathBuf,
+    /// Made read-only, no set-uid, no devices (a copy otherwise keeps its
+    /// source's flags: the staged filesystems' are the sandbox's already).
+    pub read_only: bool,
+}
+
+/// What is mounted from outside, in order (a mount inside another comes
+/// after it): the sandbox's /etc with the host entries bound on it, and
+/// the staged filesystems (see [`staged`]): /dev, /tmp, /workspace and
+/// the project's overlay. Empty without staging.
+pub fn outside_mounts(layout: &HostLayout, call: &Call) -> Vec<OutsideMount> {
     let Some(root) = call.staged else {
         return Vec::new();
     };
-    let mut mounts: Vec<(PathBuf, PathBuf)> = [
+    let read_only = |source: &Path, target: &Path| OutsideMount {
+        source: source.to_path_buf(),
+        target: target.to_path_buf(),
+        read_only: true,
+    };
+    let mut mounts = vec![read_only(&layout.etc_dir, Path::new("/etc"))];
+    mounts.extend(etc_entries(layout, call).map(|f| read_only(f, f)));
+    let staged = [
         (staged::DEV, "/dev"),
         (staged::TMP, TMP),
         (staged::WORKSPACE, WORKSPACE),
-    ]
-    .into_iter()
-    .map(|(dir, at)| (root.join(dir), PathBuf::from(at)))
-    .collect();
-    if let Some(p) = call.project.filter(|p| staged_project(p)) {
-        mounts.push((root.join(staged::PROJECT), PathBuf::from(&p.mount_point)));
-    }
+    ];
+    let project = call
+        .project
+        .filter(|p| staged_project(p))
+        .map(|p| (staged::PROJECT, p.mount_point.as_str()));
+    mounts.extend(
+        staged
+            .into_iter()
+            .chain(project)
+            .map(|(dir, at)| OutsideMount {
+                source: root.join(dir),
+                target: PathBuf::from(at),
+                read_only: false,
+            }),
+    );
     mounts
+}
+
+/// The host's `/etc` entries a sandbox sees: those every host-mode sandbox
+/// needs, and those only networked sandboxes need.
+fn etc_entries<'a>(layout: &'a HostLayout, call: &Call) -> impl Iterator<Item = &'a PathBuf> {
+    let host = matches!(call.env.root, RootFs::Host { .. });
+    let network = call.env.network.policy().is_some();
+    let host = layout.etc_host.iter().filter(move |_| host);
+    host.chain(layout.etc_network.iter().filter(move |_| network))
 }
 
 /// Whether a staged sandbox sees `project` through the staged overlay.
@@ -332,14 +371,11 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
             }
         }
     }
-    a.bind_ro(&layout.etc_dir, Path::new("/etc"));
-    if matches!(env.root, RootFs::Host { .. }) {
-        for f in &layout.etc_host {
-            a.bind_ro(f, f);
-        }
-    }
-    if env.network.policy().is_some() {
-        for f in &layout.etc_network {
+    let outside =
+        call.mounts_from_outside && call.proc_masks_sync.is_some() && call.staged.is_some();
+    if !outside {
+        a.bind_ro(&layout.etc_dir, Path::new("/etc"));
+        for f in etc_entries(layout, call) {
             a.bind_ro(f, f);
         }
     }
@@ -347,7 +383,6 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     // Kernel interfaces and scratch space. Every writable filesystem has a
     // size: staged, one tmpfs bounded in size and files holds them all.
     a.pair("--proc", "/proc");
-    let outside = call.staged_outside && call.proc_masks_sync.is_some();
     match call.staged {
         Some(_) if outside => {}
         // One bind, where `--dev` makes one per device node.
@@ -361,8 +396,15 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     match call.proc_masks_sync {
         Some(sync) => {
             if outside {
-                for (_, at) in staged_mounts(call) {
-                    a.pair_os("--dir", at.as_os_str());
+                // Mount points inside another outside mount are its.
+                let mounts = outside_mounts(layout, call);
+                for m in &mounts {
+                    if !mounts
+                        .iter()
+                        .any(|o| o.target != m.target && m.target.starts_with(&o.target))
+                    {
+                        a.pair_os("--dir", m.target.as_os_str());
+                    }
                 }
             }
             a.triple("--file", &sync.to_string(), PROC_MASKS_SYNC_FILE)

@@ -182,7 +182,7 @@ impl Recipe {
             staged: stage_root,
             store_view: view.as_ref().map(|_| 0),
             proc_masks_sync: masks.as_ref().map(|_| 0),
-            staged_outside: stage_root.is_some() && masks.is_some(),
+            mounts_from_outside: stage_root.is_some() && masks.is_some(),
             protected: &protected,
             caches: &caches,
             hook_vars: &hook_vars,

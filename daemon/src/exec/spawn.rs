@@ -132,7 +132,7 @@ pub(super) fn spawn(
         staged: nest.map(|_| platform.stage_dir.as_path()),
         store_view: view.as_ref().map(|((r, _), _)| r.as_raw_fd()),
         proc_masks_sync: masks.as_ref().map(|((r, _), _)| r.as_raw_fd()),
-        staged_outside: masks.is_some(),
+        mounts_from_outside: masks.is_some(),
         protected: &recipe.protected,
         caches: &recipe.caches,
         hook_vars: &hook_vars,
@@ -142,9 +142,12 @@ pub(super) fn spawn(
     };
     let masks = match masks {
         Some((pipe, (n, m))) => {
-            let staged: Vec<_> = jail::staged_mounts(&call)
+            let staged: Vec<_> = jail::outside_mounts(&platform.layout, &call)
                 .into_iter()
-                .map(|(source, at)| (source, jail::while_set_up(&at)))
+                .map(|m| jail::OutsideMount {
+                    target: jail::while_set_up(&m.target),
+                    ..m
+                })
                 .collect();
             Some((
                 pipe,

@@ -87,7 +87,7 @@ fn bare_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Cal
         caches: &[],
         hook_vars: &[],
         network_given: false,
-        staged_outside: false,
+        mounts_from_outside: false,
     }
 }
 
@@ -132,7 +132,8 @@ fn every_namespace_and_no_capabilities() {
 }
 
 #[test]
-fn staged_filesystems_mounted_from_outside_get_mount_points_before_the_masks_sync_and_no_binds() {
+fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_masks_sync_and_no_binds()
+ {
     let env = env();
     let project = ProjectMount {
         access: ProjectAccess::Overlay,
@@ -143,32 +144,60 @@ fn staged_filesystems_mounted_from_outside_get_mount_points_before_the_masks_syn
     let call = Call {
         staged: Some(staged),
         proc_masks_sync: Some(12),
-        staged_outside: true,
+        mounts_from_outside: true,
         ..bare_call(&env, Some(&project))
     };
-    assert_eq!(
-        staged_mounts(&call),
-        [
-            ("/run/nsm/stage/dev", "/dev"),
-            ("/run/nsm/stage/tmp", "/tmp"),
-            ("/run/nsm/stage/workspace", "/workspace"),
-            ("/run/nsm/stage/project", "/project"),
-        ]
-        .map(|(a, b)| (PathBuf::from(a), PathBuf::from(b)))
-    );
+    let mounts: Vec<(String, String, bool)> = outside_mounts(&layout(), &call)
+        .into_iter()
+        .map(|m| {
+            let s = |p: PathBuf| p.into_os_string().into_string().unwrap();
+            (s(m.source), s(m.target), m.read_only)
+        })
+        .collect();
+    let expected = [
+        ("/run/nsm/etc", "/etc", true),
+        ("/etc/ld.so.cache", "/etc/ld.so.cache", true),
+        ("/run/nsm/stage/dev", "/dev", false),
+        ("/run/nsm/stage/tmp", "/tmp", false),
+        ("/run/nsm/stage/workspace", "/workspace", false),
+        ("/run/nsm/stage/project", "/project", false),
+    ]
+    .map(|(a, b, r)| (a.to_string(), b.to_string(), r));
+    assert_eq!(mounts, expected);
     let a = options(&call);
     let sync = pos(&a, &["--file", "12", PROC_MASKS_SYNC_FILE]);
-    for at in ["/dev", "/tmp", "/workspace", "/project"] {
+    for at in ["/etc", "/dev", "/tmp", "/workspace", "/project"] {
         assert!(pos(&a, &["--dir", at]) < sync, "{at}: {a:?}");
     }
-    assert!(!a.iter().any(|x| x.starts_with("/run/nsm/stage")), "{a:?}");
+    // The host entries' mount points are in the sandbox's /etc already.
+    assert!(!has(&a, &["--dir", "/etc/ld.so.cache"]), "{a:?}");
+    for source in ["/run/nsm/stage", "/run/nsm/etc", "/etc/ld.so.cache"] {
+        assert!(!a.iter().any(|x| x.starts_with(source)), "{source}: {a:?}");
+    }
     assert!(pos(&a, &["--proc", "/proc"]) < sync);
     assert!(sync < pos(&a, &["--remount-ro", "/dev"]));
+    // A networked environment's entries come along.
+    let mut networked = env.clone();
+    networked.network = NetworkSetting::Proxied(crate::network::Policy::any_public());
+    let with_network = Call {
+        env: &networked,
+        ..call.clone()
+    };
+    assert!(
+        outside_mounts(&layout(), &with_network)
+            .iter()
+            .any(|m| m.target == Path::new("/etc/ssl/certs") && m.read_only)
+    );
     // Without the masks' sync there is no moment to mount them: bound.
     let a = options(&Call {
         proc_masks_sync: None,
         ..call.clone()
     });
+    assert!(has(&a, &["--ro-bind", "/run/nsm/etc", "/etc"]));
+    assert!(has(
+        &a,
+        &["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    ));
     assert!(has(&a, &["--dev-bind", "/run/nsm/stage/dev", "/dev"]));
     assert!(has(
         &a,

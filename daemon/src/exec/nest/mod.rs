@@ -125,8 +125,9 @@ pub(super) struct ViewAttach {
     view: Arc<view::View>,
     /// Each mount: its source in the view, its target in the sandbox.
     mounts: Vec<(std::ffi::CString, std::ffi::CString)>,
-    /// Each mount from the stage: its source there, its target in the sandbox.
-    staged: Vec<(std::ffi::CString, std::ffi::CString)>,
+    /// Each mount from the stage: its source there, its target in the
+    /// sandbox, and whether it is made read-only.
+    staged: Vec<view::StagedMount>,
 }
 
 impl ViewAttach {
@@ -259,12 +260,13 @@ impl Nest {
 
     /// What mounts, from `view`, each `(source, target)` of `mounts` (the
     /// source in the view's namespace), and each of `staged` from the
-    /// sandbox's stage, in a sandbox being set up (see [`view::attach`]).
+    /// sandbox's stage (targets as while bubblewrap sets up), in a sandbox
+    /// being set up (see [`view::attach`]).
     pub(super) fn view_attach(
         &self,
         view: Arc<view::View>,
         mounts: &[(PathBuf, PathBuf)],
-        staged: &[(PathBuf, PathBuf)],
+        staged: &[crate::jail::OutsideMount],
     ) -> std::io::Result<ViewAttach> {
         let c = |p: &Path| {
             std::ffi::CString::new(p.as_os_str().as_bytes())
@@ -273,16 +275,23 @@ impl Nest {
         if mounts.len() + staged.len() > view::ATTACH_MOST {
             return Err(std::io::Error::other("too many mounts from one view"));
         }
-        let both = |list: &[(PathBuf, PathBuf)]| {
-            list.iter()
-                .map(|(source, target)| Ok((c(source)?, c(target)?)))
-                .collect::<std::io::Result<_>>()
-        };
         Ok(ViewAttach {
             namespaces: self.namespaces.clone(),
             view,
-            mounts: both(mounts)?,
-            staged: both(staged)?,
+            mounts: mounts
+                .iter()
+                .map(|(source, target)| Ok((c(source)?, c(target)?)))
+                .collect::<std::io::Result<_>>()?,
+            staged: staged
+                .iter()
+                .map(|m| {
+                    Ok(view::StagedMount {
+                        source: c(&m.source)?,
+                        target: c(&m.target)?,
+                        read_only: m.read_only,
+                    })
+                })
+                .collect::<std::io::Result<_>>()?,
         })
     }
 

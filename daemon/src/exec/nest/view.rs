@@ -186,7 +186,7 @@ fn view(user_namespace: &Path, view_dir: &Path) -> std::io::Result<()> {
 
 /// The steps of [`attach`], in order; the child exits with the number of
 /// the one that failed.
-const ATTACH_STEPS: [&str; 8] = [
+const ATTACH_STEPS: [&str; 9] = [
     "joining the nest's user namespace",
     "joining the view's mount namespace",
     "copying the view",
@@ -195,14 +195,25 @@ const ATTACH_STEPS: [&str; 8] = [
     "counting the mounts",
     "joining the stage's mount namespace",
     "copying from the stage",
+    "making a mount from the stage read-only",
 ];
 
-/// The most mounts one [`attach`] makes.
-pub(in crate::exec) const ATTACH_MOST: usize = 16;
+/// The most mounts one [`attach`] makes: every /proc mask (17), /etc with
+/// every host entry (12) and the staged filesystems (4) fit.
+pub(in crate::exec) const ATTACH_MOST: usize = 40;
 
-/// The mounts of one [`attach`] from one place: sources there, targets in
-/// the sandbox.
+/// The mounts of one [`attach`] from a view: sources there, targets in the
+/// sandbox.
 type Mounts = [(std::ffi::CString, std::ffi::CString)];
+
+/// A mount of one [`attach`] from the sandbox's stage.
+#[derive(Debug)]
+pub(in crate::exec) struct StagedMount {
+    pub(in crate::exec) source: std::ffi::CString,
+    pub(in crate::exec) target: std::ffi::CString,
+    /// Made read-only, no set-uid, no devices, once mounted.
+    pub(in crate::exec) read_only: bool,
+}
 
 /// Mounts a copy of each `(source, target)` of `from_view`'s mounts,
 /// `source` in the view's namespace, and of `from_stage`'s, `source` in the
@@ -214,7 +225,7 @@ type Mounts = [(std::ffi::CString, std::ffi::CString)];
 pub(in crate::exec) fn attach(
     user_namespace: &OwnedFd,
     from_view: (&View, &Mounts),
-    from_stage: (i32, &Mounts),
+    from_stage: (i32, &[StagedMount]),
     pid: i32,
 ) -> std::io::Result<()> {
     use rustix::mount::{MoveMountFlags, OpenTreeFlags};
@@ -254,14 +265,14 @@ pub(in crate::exec) fn attach(
         if join(user_namespace, LinkNameSpaceType::User) {
             return 1;
         }
-        let mut trees: [Option<OwnedFd>; ATTACH_MOST] = Default::default();
+        let mut trees: [Option<OwnedFd>; ATTACH_MOST] = std::array::from_fn(|_| None);
         let (from_stage, from_view) = trees.split_at_mut(staged.len());
         if let Some(stage) = &stage {
             if join(stage, LinkNameSpaceType::Mount) {
                 return 7;
             }
-            for ((source, _), tree) in staged.iter().zip(from_stage.iter_mut()) {
-                match copy(source) {
+            for (mount, tree) in staged.iter().zip(from_stage.iter_mut()) {
+                match copy(&mount.source) {
                     Ok(fd) => *tree = Some(fd),
                     Err(_) => return 8,
                 }
@@ -279,7 +290,11 @@ pub(in crate::exec) fn attach(
         if join(&sandbox, LinkNameSpaceType::Mount) {
             return 4;
         }
-        for ((_, target), tree) in staged.iter().chain(mounts).zip(trees.iter()) {
+        let targets = staged
+            .iter()
+            .map(|m| (m.target.as_c_str(), m.read_only))
+            .chain(mounts.iter().map(|(_, target)| (target.as_c_str(), false)));
+        for ((target, read_only), tree) in targets.zip(trees.iter()) {
             let Some(tree) = tree else {
                 return 3;
             };
@@ -287,12 +302,15 @@ pub(in crate::exec) fn attach(
                 tree.as_fd(),
                 c"",
                 cwd,
-                target.as_c_str(),
+                target,
                 MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
             )
             .is_err()
             {
                 return 5;
+            }
+            if read_only && self::read_only(target).is_err() {
+                return 9;
             }
         }
         0
@@ -320,8 +338,8 @@ fn private(at: &Path) -> Result<(), rustix::io::Errno> {
 
 /// Remounts the mount at `at` read-only, no set-uid, no devices, keeping
 /// the flags it has: a user namespace may add flags to a mount from
-/// outside it, never drop them.
-fn read_only(at: &Path) -> Result<(), rustix::io::Errno> {
+/// outside it, never drop them. Only system calls for a `CStr` path.
+fn read_only<P: rustix::path::Arg + Copy>(at: P) -> Result<(), rustix::io::Errno> {
     use rustix::fs::StatVfsMountFlags as Has;
     let has = rustix::fs::statvfs(at)?.f_flag;
     // As bubblewrap's own binds: no set-uid programs, no device nodes.
