@@ -654,7 +654,8 @@ def test_sustained_load_leaves_no_zombies():
         deadline = time.monotonic() + 5
         while zombie_children(srv.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert zombie_children(srv.proc.pid) == [], f"unreaped under load ({limits or 'cgroups'})"
+        left = {pid: pathlib.Path(f"/proc/{pid}/comm").read_text().strip() for pid in zombie_children(srv.proc.pid)}
+        assert left == {}, f"unreaped under load ({limits or 'cgroups'}): {left}"
         srv.shut_down()
     time.sleep(0.5)
     assert set(zombie_children(os.getpid())) - before == set()
