@@ -110,30 +110,29 @@ pub(in crate::exec) enum Plan {
 impl Plan {
     /// In the child, inside the nest's user namespace: the namespace it is
     /// in afterwards, to report to the daemon. Only system calls.
+    /// An idle namespace that cannot be joined is replaced by a new one.
     pub(super) fn apply(&self) -> Result<NamespaceFd<'_>, Errno> {
-        match self {
-            Plan::Join(namespace) => {
-                rustix::thread::move_into_link_name_space(
-                    namespace.as_fd(),
-                    Some(LinkNameSpaceType::Network),
-                )?;
-                Ok(NamespaceFd::Joined(namespace.as_fd()))
-            }
-            Plan::Make => {
-                // SAFETY: only CLONE_NEWNET, which changes nothing this
-                // (single-threaded) process relies on.
-                unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNET) }?;
-                loopback_up()?;
-                // The daemon's /proc, mounted for the host's pid namespace,
-                // where this process has a pid too.
-                let own = rustix::fs::open(
-                    c"/proc/self/ns/net",
-                    rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-                    rustix::fs::Mode::empty(),
-                )?;
-                Ok(NamespaceFd::Made(own))
-            }
+        if let Plan::Join(namespace) = self
+            && rustix::thread::move_into_link_name_space(
+                namespace.as_fd(),
+                Some(LinkNameSpaceType::Network),
+            )
+            .is_ok()
+        {
+            return Ok(NamespaceFd::Joined(namespace.as_fd()));
         }
+        // SAFETY: only CLONE_NEWNET, which changes nothing this
+        // (single-threaded) process relies on.
+        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNET) }?;
+        loopback_up()?;
+        // The daemon's /proc, mounted for the host's pid namespace, where
+        // this process has a pid too.
+        let own = rustix::fs::open(
+            c"/proc/self/ns/net",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        Ok(NamespaceFd::Made(own))
     }
 }
 
