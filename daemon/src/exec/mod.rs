@@ -582,7 +582,8 @@ impl Executor {
 
     /// Reserves a sandbox's share of the memory budget, taking prepared
     /// sandboxes out of the pool to free it if need be, else waiting for
-    /// running ones to end.
+    /// running ones to end or for one being prepared to be ready (it holds
+    /// its share from the start).
     async fn reserve_memory(
         &self,
         limits: &crate::environment::Limits,
@@ -593,9 +594,16 @@ impl Executor {
             if let Some(r) = budget.try_reserve(limits.memory_bytes) {
                 return Ok(r);
             }
+            // Listening before looking: one that joins in between is seen.
+            let added = self.inner.pool.added();
+            tokio::pin!(added);
+            added.as_mut().enable();
             match self.inner.pool.evict_one() {
                 Some(waiting) => waiting.discard().await,
-                None => return budget.reserve(limits.memory_bytes, cancel).await,
+                None => tokio::select! {
+                    reserved = budget.reserve(limits.memory_bytes, cancel) => return reserved,
+                    () = &mut added => {}
+                },
             }
         }
     }

@@ -43,6 +43,9 @@ pub(super) struct Pool {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Set at shutdown: queued work is dropped, not prepared.
     closing: AtomicBool,
+    /// Told each time a prepared sandbox joins the pool: a call waiting
+    /// for the memory budget may take its share (see [`Pool::evict_one`]).
+    added: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +102,7 @@ impl Pool {
             spawner: Mutex::new(None),
             thread: Mutex::new(None),
             closing: AtomicBool::new(false),
+            added: tokio::sync::Notify::new(),
         }
     }
 
@@ -136,7 +140,10 @@ impl Pool {
                     // Forgotten and kept again meanwhile: counted afresh.
                     r.starting = r.starting.saturating_sub(1);
                     match prepared {
-                        Ok(p) => r.sandboxes.push(p),
+                        Ok(p) => {
+                            r.sandboxes.push(p);
+                            pool.added.notify_waiters();
+                        }
                         // The memory budget is in use; calls prepare their own.
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => tracing::warn!("cannot prepare a sandbox ahead of time: {e}"),
@@ -238,11 +245,19 @@ impl Pool {
     /// memory budget for a call that needs it): one of the recipe with the
     /// most waiting.
     pub(super) fn evict_one(&self) -> Option<Prepared> {
+        // (A call that found none waits for `added` too: a sandbox being
+        // prepared holds its share already, and would hold it until the
+        // pool lets it go, a minute later.)
         let mut ready = self.ready.lock().unwrap();
         ready
             .values_mut()
             .max_by_key(|r| r.sandboxes.len())
             .and_then(|r| r.sandboxes.pop())
+    }
+
+    /// Resolves when a prepared sandbox next joins the pool.
+    pub(super) fn added(&self) -> tokio::sync::futures::Notified<'_> {
+        self.added.notified()
     }
 
     /// Stops keeping `key` ready and hands back the sandboxes that wait for it.
