@@ -275,7 +275,8 @@ pub fn bwrap_options(layout: &HostLayout, call: &Call) -> Vec<OsString> {
 }
 
 /// The bubblewrap options for `call`, and the host paths they bind into
-/// the sandbox (the source of every bind, in order).
+/// the sandbox (the source of every bind, in order, then of every mount
+/// from outside: all must be there where bubblewrap runs).
 pub fn bwrap_options_and_sources(
     layout: &HostLayout,
     call: &Call,
@@ -373,7 +374,10 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     }
     let outside =
         call.mounts_from_outside && call.proc_masks_sync.is_some() && call.staged.is_some();
-    if !outside {
+    if outside {
+        let mounts = outside_mounts(layout, call);
+        a.sources.extend(mounts.into_iter().map(|m| m.source));
+    } else {
         a.bind_ro(&layout.etc_dir, Path::new("/etc"));
         for f in etc_entries(layout, call) {
             a.bind_ro(f, f);

@@ -176,6 +176,11 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
     }
     assert!(pos(&a, &["--proc", "/proc"]) < sync);
     assert!(sync < pos(&a, &["--remount-ro", "/dev"]));
+    // Where bubblewrap runs, their sources must be there too.
+    let sources = bwrap_options_and_sources(&layout(), &call).1;
+    for m in outside_mounts(&layout(), &call) {
+        assert!(sources.contains(&m.source), "{m:?}: {sources:?}");
+    }
     // A networked environment's entries come along.
     let mut networked = env.clone();
     networked.network = NetworkSetting::Proxied(crate::network::Policy::any_public());
