@@ -372,11 +372,15 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
             }
         }
     }
-    let outside =
-        call.mounts_from_outside && call.proc_masks_sync.is_some() && call.staged.is_some();
+    // Empty without staging: bubblewrap binds all then.
+    let from_outside = match (call.mounts_from_outside, call.proc_masks_sync) {
+        (true, Some(_)) => outside_mounts(layout, call),
+        _ => Vec::new(),
+    };
+    let outside = !from_outside.is_empty();
     if outside {
-        let mounts = outside_mounts(layout, call);
-        a.sources.extend(mounts.into_iter().map(|m| m.source));
+        a.sources
+            .extend(from_outside.iter().map(|m| m.source.clone()));
     } else {
         a.bind_ro(&layout.etc_dir, Path::new("/etc"));
         for f in etc_entries(layout, call) {
@@ -399,16 +403,13 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     }
     match call.proc_masks_sync {
         Some(sync) => {
-            if outside {
-                // Mount points inside another outside mount are its.
-                let mounts = outside_mounts(layout, call);
-                for m in &mounts {
-                    if !mounts
-                        .iter()
-                        .any(|o| o.target != m.target && m.target.starts_with(&o.target))
-                    {
-                        a.pair_os("--dir", m.target.as_os_str());
-                    }
+            // Mount points inside another outside mount are its.
+            for m in &from_outside {
+                if !from_outside
+                    .iter()
+                    .any(|o| o.target != m.target && m.target.starts_with(&o.target))
+                {
+                    a.pair_os("--dir", m.target.as_os_str());
                 }
             }
             a.triple("--file", &sync.to_string(), PROC_MASKS_SYNC_FILE)

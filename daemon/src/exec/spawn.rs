@@ -303,10 +303,14 @@ const PIPE_PAGE: usize = 4096;
 
 /// Waits until bubblewrap reads the (full) `sync` pipe, then mounts what
 /// `attach` mounts (the /proc masks and the staged filesystems, a store
-/// view) into the sandbox of init `pid`, from the stage of bubblewrap
-/// `stage`; dropping `sync` lets bubblewrap go on.
+/// view) into the sandbox's mount namespace, from the stage's (both in
+/// `namespaces`); dropping `sync` lets bubblewrap go on.
 /// A bubblewrap that ended first is left for the run to report.
-fn mount_from_view(sync: OwnedFd, attach: &ViewAttach, pid: i32, stage: i32) -> io::Result<()> {
+fn mount_from_view(
+    sync: OwnedFd,
+    attach: &ViewAttach,
+    namespaces: &HeldNamespaces,
+) -> io::Result<()> {
     use rustix::event::{PollFd, PollFlags, Timespec};
     let deadline = std::time::Instant::now() + INIT_LIMIT;
     let revents = loop {
@@ -330,7 +334,7 @@ fn mount_from_view(sync: OwnedFd, attach: &ViewAttach, pid: i32, stage: i32) -> 
     if revents.intersects(PollFlags::ERR | PollFlags::HUP) {
         return Ok(());
     }
-    attach.run(pid, stage)
+    attach.run(namespaces.sandbox.as_ref(), namespaces.stage.as_ref())
 }
 
 /// Each /proc mask's source in the masks' view and its target while
@@ -394,16 +398,16 @@ impl Spawned {
         let mut namespaces = HeldNamespaces::default();
         let init = match init {
             Some((pid, watched)) => {
+                namespaces = hold_mount_namespaces(bubblewrap, pid);
                 // In bubblewrap's order: the masks once /proc is mounted,
                 // the store view after every other mount.
                 if let Some((sync, attach)) = self.masks.take() {
-                    mount_from_view(sync, &attach, pid, bubblewrap)?;
+                    mount_from_view(sync, &attach, &namespaces)?;
                 }
                 if let Some((sync, attach)) = self.view.take() {
-                    mount_from_view(sync, &attach, pid, bubblewrap)?;
+                    mount_from_view(sync, &attach, &namespaces)?;
                 }
                 limit_init(pid, &recipe.init_rlimits, run_as)?;
-                namespaces = hold_mount_namespaces(self.process.pid() as i32, pid);
                 if recipe.env.network.policy().is_some() {
                     // The nest's owner has every capability in the
                     // sandboxes' namespaces; without the nest, bubblewrap's
@@ -452,7 +456,8 @@ impl Spawned {
 }
 
 /// Descriptors on the mount namespace bubblewrap runs in (the nest's
-/// stage, when it staged) and on the sandbox's own. The last process to
+/// stage, when it staged) and on the sandbox's own, through which the
+/// mounts from outside are made. The last process to
 /// leave a mount namespace unmounts all of it before its descriptors close,
 /// and so before the sandbox's streams reach their end (0.4 ms a
 /// namespace here); held by the daemon, the namespaces are torn down once
@@ -466,12 +471,10 @@ fn hold_mount_namespaces(bubblewrap: i32, init: i32) -> HeldNamespaces {
         )
         .ok()
     };
-    HeldNamespaces(
-        [open(bubblewrap, "mnt"), open(init, "mnt")]
-            .into_iter()
-            .flatten()
-            .collect(),
-    )
+    HeldNamespaces {
+        stage: open(bubblewrap, "mnt"),
+        sandbox: open(init, "mnt"),
+    }
 }
 
 /// Namespaces the daemon holds (see [`hold_mount_namespaces`]). Whoever
@@ -479,12 +482,17 @@ fn hold_mount_namespaces(bubblewrap: i32, init: i32) -> HeldNamespaces {
 /// it, which takes a while: dropped on the runtime, they are closed on a
 /// blocking thread.
 #[derive(Debug, Default)]
-pub(super) struct HeldNamespaces(Vec<OwnedFd>);
+pub(super) struct HeldNamespaces {
+    stage: Option<OwnedFd>,
+    sandbox: Option<OwnedFd>,
+}
 
 impl Drop for HeldNamespaces {
     fn drop(&mut self) {
-        let held = std::mem::take(&mut self.0);
-        if let (false, Ok(runtime)) = (held.is_empty(), tokio::runtime::Handle::try_current()) {
+        let held = [self.stage.take(), self.sandbox.take()];
+        if held.iter().any(Option::is_some)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
             runtime.spawn_blocking(move || drop(held));
         }
     }

@@ -131,15 +131,19 @@ pub(super) struct ViewAttach {
 }
 
 impl ViewAttach {
-    /// Mounts them in the mount namespace of bubblewrap's process `pid`,
-    /// the staged ones from the mount namespace of its process `stage`; a
-    /// view that failed is marked, and not used again.
-    pub(super) fn run(&self, pid: i32, stage: i32) -> std::io::Result<()> {
+    /// Mounts them in the mount namespace `sandbox`, the staged ones from
+    /// the mount namespace `stage` (bubblewrap's); a view that failed is
+    /// marked, and not used again.
+    pub(super) fn run(
+        &self,
+        sandbox: Option<&OwnedFd>,
+        stage: Option<&OwnedFd>,
+    ) -> std::io::Result<()> {
         let result = view::attach(
             &self.namespaces.user,
             (&self.view, &self.mounts),
             (stage, &self.staged),
-            pid,
+            sandbox,
         );
         if result.is_err() {
             self.view

@@ -216,32 +216,26 @@ pub(in crate::exec) struct StagedMount {
 }
 
 /// Mounts a copy of each `(source, target)` of `from_view`'s mounts,
-/// `source` in the view's namespace, and of `from_stage`'s, `source` in the
-/// mount namespace of that process (the sandbox's bubblewrap, in its
-/// stage), each `target` in the mount namespace of process `pid`, from a
-/// child that joins `user_namespace` (the nest's, which owns all three
-/// namespaces). Blocking (a child and a few system calls a mount; a copy
-/// of a store is one mount per store path, made by the kernel in one go).
+/// `source` in the view's namespace, and of `from_stage`'s, `source` in
+/// that mount namespace (the sandbox's stage, where its bubblewrap runs),
+/// each `target` in the mount namespace `sandbox`, from a child that joins
+/// `user_namespace` (the nest's, which owns all three namespaces).
+/// Blocking (a child and a few system calls a mount; a copy of a store is
+/// one mount per store path, made by the kernel in one go).
 pub(in crate::exec) fn attach(
     user_namespace: &OwnedFd,
     from_view: (&View, &Mounts),
-    from_stage: (i32, &[StagedMount]),
-    pid: i32,
+    from_stage: (Option<&OwnedFd>, &[StagedMount]),
+    sandbox: Option<&OwnedFd>,
 ) -> std::io::Result<()> {
     use rustix::mount::{MoveMountFlags, OpenTreeFlags};
     let (view, mounts) = from_view;
     let (stage, staged) = from_stage;
-    let namespace = |pid: i32| {
-        rustix::fs::open(
-            format!("/proc/{pid}/ns/mnt").as_str(),
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-    };
-    let sandbox = namespace(pid)?;
+    let missing = |which: &str| std::io::Error::other(format!("no {which} mount namespace"));
+    let sandbox = sandbox.ok_or_else(|| missing("sandbox's"))?;
     let stage = match staged.is_empty() {
         true => None,
-        false => Some(namespace(stage)?),
+        false => Some(stage.ok_or_else(|| missing("stage's"))?),
     };
     let cwd = rustix::fs::CWD;
     // Only system calls, on values prepared above (see `launch::in_child`);
@@ -267,7 +261,7 @@ pub(in crate::exec) fn attach(
         }
         let mut trees: [Option<OwnedFd>; ATTACH_MOST] = std::array::from_fn(|_| None);
         let (from_stage, from_view) = trees.split_at_mut(staged.len());
-        if let Some(stage) = &stage {
+        if let Some(stage) = stage {
             if join(stage, LinkNameSpaceType::Mount) {
                 return 7;
             }
@@ -287,7 +281,7 @@ pub(in crate::exec) fn attach(
                 Err(_) => return 3,
             }
         }
-        if join(&sandbox, LinkNameSpaceType::Mount) {
+        if join(sandbox, LinkNameSpaceType::Mount) {
             return 4;
         }
         let targets = staged
