@@ -187,6 +187,10 @@ pub const VIEW_SYNC_FILE: &str = ".nsm-view-sync";
 /// outside (see [`Call::proc_masks_sync`]); the sandbox's /tmp hides it.
 pub const PROC_MASKS_SYNC_FILE: &str = "/tmp/.nsm-masks-sync";
 
+/// The size of the tmpfs holding [`PROC_MASKS_SYNC_FILE`] when the root is
+/// made read-only from outside: room for the pipe's page.
+const SYNC_TMPFS_BYTES: &str = "65536";
+
 /// Where `path` of the sandbox is while bubblewrap sets the sandbox up
 /// (it builds the root at /newroot, then makes it the root): where a store
 /// view is mounted from outside.
@@ -206,13 +210,27 @@ pub struct OutsideMount {
     pub read_only: bool,
 }
 
-/// What is mounted from outside, in order (a mount inside another comes
-/// after it): the sandbox's /etc with the host entries bound on it, and
-/// the staged filesystems (see [`staged`]): /dev, /tmp, /workspace and
-/// the project's overlay. Empty without staging.
-pub fn outside_mounts(layout: &HostLayout, call: &Call) -> Vec<OutsideMount> {
-    let Some(root) = call.staged else {
-        return Vec::new();
+/// What is mounted from outside (see [`Call::mounts_from_outside`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OutsideMounts {
+    /// In order (a mount inside another comes after it): the sandbox's
+    /// /etc with the host entries bound on it, the staged filesystems (see
+    /// [`staged`]): /dev (read-only, as `--remount-ro` made it), /tmp,
+    /// /workspace and the project's overlay, and the code file when it is
+    /// in one of them. Empty without staging.
+    pub mounts: Vec<OutsideMount>,
+    /// The sandbox's root is made read-only from outside too, after them:
+    /// when bubblewrap mounts nothing after them (no read-write project,
+    /// cache, store view or code file of its own to bind).
+    pub read_only_root: bool,
+}
+
+/// What is mounted from outside for `call`: nothing unless it has a
+/// staged sandbox, the masks' sync and [`Call::mounts_from_outside`].
+pub fn outside_mounts(layout: &HostLayout, call: &Call) -> OutsideMounts {
+    let (true, Some(_), Some(root)) = (call.mounts_from_outside, call.proc_masks_sync, call.staged)
+    else {
+        return OutsideMounts::default();
     };
     let read_only = |source: &Path, target: &Path| OutsideMount {
         source: source.to_path_buf(),
@@ -222,25 +240,42 @@ pub fn outside_mounts(layout: &HostLayout, call: &Call) -> Vec<OutsideMount> {
     let mut mounts = vec![read_only(&layout.etc_dir, Path::new("/etc"))];
     mounts.extend(etc_entries(layout, call).map(|f| read_only(f, f)));
     let staged = [
-        (staged::DEV, "/dev"),
-        (staged::TMP, TMP),
-        (staged::WORKSPACE, WORKSPACE),
+        (staged::DEV, "/dev", true),
+        (staged::TMP, TMP, false),
+        (staged::WORKSPACE, WORKSPACE, false),
     ];
     let project = call
         .project
         .filter(|p| staged_project(p))
-        .map(|p| (staged::PROJECT, p.mount_point.as_str()));
+        .map(|p| (staged::PROJECT, p.mount_point.as_str(), false));
     mounts.extend(
         staged
             .into_iter()
             .chain(project)
-            .map(|(dir, at)| OutsideMount {
+            .map(|(dir, at, read_only)| OutsideMount {
                 source: root.join(dir),
                 target: PathBuf::from(at),
-                read_only: false,
+                read_only,
             }),
     );
-    mounts
+    // Its mount point is made in the staged filesystem that holds it; one
+    // elsewhere (a session's agent) is bubblewrap's to make and bind.
+    let code = call.code_file.filter(|(_, at)| {
+        mounts
+            .iter()
+            .any(|m| !m.read_only && Path::new(at).starts_with(&m.target))
+    });
+    if let Some((file, at)) = code {
+        mounts.push(read_only(file, Path::new(at)));
+    }
+    let read_only_root = call.caches.is_empty()
+        && call.store_view.is_none()
+        && call.project.is_none_or(staged_project)
+        && call.code_file.is_none() == code.is_none();
+    OutsideMounts {
+        mounts,
+        read_only_root,
+    }
 }
 
 /// The host's `/etc` entries a sandbox sees: those every host-mode sandbox
@@ -373,14 +408,11 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
         }
     }
     // Empty without staging: bubblewrap binds all then.
-    let from_outside = match (call.mounts_from_outside, call.proc_masks_sync) {
-        (true, Some(_)) => outside_mounts(layout, call),
-        _ => Vec::new(),
-    };
-    let outside = !from_outside.is_empty();
+    let from_outside = outside_mounts(layout, call);
+    let outside = !from_outside.mounts.is_empty();
     if outside {
         a.sources
-            .extend(from_outside.iter().map(|m| m.source.clone()));
+            .extend(from_outside.mounts.iter().map(|m| m.source.clone()));
     } else {
         a.bind_ro(&layout.etc_dir, Path::new("/etc"));
         for f in etc_entries(layout, call) {
@@ -404,13 +436,21 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     match call.proc_masks_sync {
         Some(sync) => {
             // Mount points inside another outside mount are its.
-            for m in &from_outside {
+            for m in &from_outside.mounts {
                 if !from_outside
+                    .mounts
                     .iter()
                     .any(|o| o.target != m.target && m.target.starts_with(&o.target))
                 {
                     a.pair_os("--dir", m.target.as_os_str());
                 }
+            }
+            if from_outside.read_only_root {
+                // bubblewrap holds the sync file open for writing while the
+                // helper mounts: on a small tmpfs of its own (hidden by the
+                // sandbox's /tmp), not on the root the helper makes read-only.
+                a.pair("--size", SYNC_TMPFS_BYTES);
+                a.pair("--tmpfs", TMP);
             }
             a.triple("--file", &sync.to_string(), PROC_MASKS_SYNC_FILE)
         }
@@ -444,8 +484,11 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     }
     // bubblewrap's /dev is a tmpfs of its own, unbounded (staged, a
     // directory of the staged tmpfs); with /dev/shm mounted, nothing else
-    // there needs writing (device nodes are binds).
-    a.pair("--remount-ro", "/dev");
+    // there needs writing (device nodes are binds). From outside, it is
+    // mounted read-only.
+    if !outside {
+        a.pair("--remount-ro", "/dev");
+    }
 
     if let Some(p) = call.project {
         let at = Path::new(&p.mount_point).as_os_str();
@@ -480,7 +523,12 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     for c in call.caches {
         a.triple_os("--bind", c.host.as_os_str(), c.at.as_ref());
     }
-    if let Some((file, at)) = call.code_file {
+    if let Some((file, at)) = call.code_file
+        && !from_outside
+            .mounts
+            .iter()
+            .any(|m| m.target == Path::new(at))
+    {
         a.bind_ro(file, Path::new(at));
     }
     if let Some((sync, store)) = store_view {
@@ -508,7 +556,9 @@ fn build(layout: &HostLayout, call: &Call) -> Args {
     a.pair("--chdir", call.workdir.unwrap_or(WORKSPACE));
     // Last: everything above is mounted, and nothing else under / may be
     // written (the writable filesystems are mounts of their own).
-    a.pair("--remount-ro", "/");
+    if !from_outside.read_only_root {
+        a.pair("--remount-ro", "/");
+    }
     a
 }
 

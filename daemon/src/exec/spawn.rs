@@ -8,6 +8,7 @@
 use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,6 +96,7 @@ pub(super) fn spawn(
                         v.clone(),
                         &[(platform.view_dir.clone(), jail::while_set_up(store))],
                         &[],
+                        None,
                     )?,
                 )),
                 None => None,
@@ -142,16 +144,20 @@ pub(super) fn spawn(
     };
     let masks = match masks {
         Some((pipe, (n, m))) => {
-            let staged: Vec<_> = jail::outside_mounts(&platform.layout, &call)
+            let outside = jail::outside_mounts(&platform.layout, &call);
+            let staged: Vec<_> = outside
+                .mounts
                 .into_iter()
                 .map(|m| jail::OutsideMount {
                     target: jail::while_set_up(&m.target),
                     ..m
                 })
                 .collect();
+            let root = jail::while_set_up(Path::new("/"));
+            let read_only_root = outside.read_only_root.then_some(root.as_path());
             Some((
                 pipe,
-                n.view_attach(m.clone(), &mask_mounts(platform), &staged)?,
+                n.view_attach(m.clone(), &mask_mounts(platform), &staged, read_only_root)?,
             ))
         }
         None => None,

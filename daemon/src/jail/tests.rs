@@ -131,54 +131,82 @@ fn every_namespace_and_no_capabilities() {
     assert!(!a.iter().any(|x| x == "--share-net"));
 }
 
+/// A staged call whose /etc, staged filesystems and code file are mounted
+/// from outside at the masks' sync (descriptor 12).
+fn outside_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Call<'a> {
+    Call {
+        staged: Some(Path::new("/run/nsm/stage")),
+        proc_masks_sync: Some(12),
+        mounts_from_outside: true,
+        code_file: Some((Path::new("/run/nsm/code/1"), "/workspace/.main.py")),
+        ..bare_call(env, project)
+    }
+}
+
+fn overlay_project() -> ProjectMount {
+    ProjectMount {
+        access: ProjectAccess::Overlay,
+        overlay: true,
+        ..read_write_project(&[])
+    }
+}
+
 #[test]
 fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_masks_sync_and_no_binds()
  {
     let env = env();
-    let project = ProjectMount {
-        access: ProjectAccess::Overlay,
-        overlay: true,
-        ..read_write_project(&[])
-    };
-    let staged = Path::new("/run/nsm/stage");
-    let call = Call {
-        staged: Some(staged),
-        proc_masks_sync: Some(12),
-        mounts_from_outside: true,
-        ..bare_call(&env, Some(&project))
-    };
-    let mounts: Vec<(String, String, bool)> = outside_mounts(&layout(), &call)
-        .into_iter()
+    let project = overlay_project();
+    let call = outside_call(&env, Some(&project));
+    let outside = outside_mounts(&layout(), &call);
+    let mounts: Vec<(String, String, bool)> = outside
+        .mounts
+        .iter()
         .map(|m| {
-            let s = |p: PathBuf| p.into_os_string().into_string().unwrap();
-            (s(m.source), s(m.target), m.read_only)
+            let s = |p: &Path| p.to_str().unwrap().to_string();
+            (s(&m.source), s(&m.target), m.read_only)
         })
         .collect();
     let expected = [
         ("/run/nsm/etc", "/etc", true),
         ("/etc/ld.so.cache", "/etc/ld.so.cache", true),
-        ("/run/nsm/stage/dev", "/dev", false),
+        ("/run/nsm/stage/dev", "/dev", true),
         ("/run/nsm/stage/tmp", "/tmp", false),
         ("/run/nsm/stage/workspace", "/workspace", false),
         ("/run/nsm/stage/project", "/project", false),
+        ("/run/nsm/code/1", "/workspace/.main.py", true),
     ]
     .map(|(a, b, r)| (a.to_string(), b.to_string(), r));
     assert_eq!(mounts, expected);
+    assert!(outside.read_only_root);
     let a = options(&call);
     let sync = pos(&a, &["--file", "12", PROC_MASKS_SYNC_FILE]);
     for at in ["/etc", "/dev", "/tmp", "/workspace", "/project"] {
         assert!(pos(&a, &["--dir", at]) < sync, "{at}: {a:?}");
     }
-    // The host entries' mount points are in the sandbox's /etc already.
-    assert!(!has(&a, &["--dir", "/etc/ld.so.cache"]), "{a:?}");
-    for source in ["/run/nsm/stage", "/run/nsm/etc", "/etc/ld.so.cache"] {
+    // The host entries' mount points are in the sandbox's /etc already,
+    // the code file's is made in the staged /workspace.
+    for at in ["/etc/ld.so.cache", "/workspace/.main.py"] {
+        assert!(!a.iter().any(|x| x == at), "{at}: {a:?}");
+    }
+    for source in [
+        "/run/nsm/stage",
+        "/run/nsm/etc",
+        "/etc/ld.so.cache",
+        "/run/nsm/code",
+    ] {
         assert!(!a.iter().any(|x| x.starts_with(source)), "{source}: {a:?}");
     }
     assert!(pos(&a, &["--proc", "/proc"]) < sync);
-    assert!(sync < pos(&a, &["--remount-ro", "/dev"]));
+    // /dev and the root are made read-only from outside; the sync file is
+    // on a tmpfs of its own, so that the root has no file open for writing.
+    assert!(!a.iter().any(|x| x == "--remount-ro"), "{a:?}");
+    assert_eq!(
+        pos(&a, &["--size", SYNC_TMPFS_BYTES, "--tmpfs", "/tmp"]) + 4,
+        sync
+    );
     // Where bubblewrap runs, their sources must be there too.
     let sources = bwrap_options_and_sources(&layout(), &call).1;
-    for m in outside_mounts(&layout(), &call) {
+    for m in &outside.mounts {
         assert!(sources.contains(&m.source), "{m:?}: {sources:?}");
     }
     // A networked environment's entries come along.
@@ -190,6 +218,7 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
     };
     assert!(
         outside_mounts(&layout(), &with_network)
+            .mounts
             .iter()
             .any(|m| m.target == Path::new("/etc/ssl/certs") && m.read_only)
     );
@@ -209,6 +238,12 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
         &["--bind", "/run/nsm/stage/workspace", "/workspace"]
     ));
     assert!(has(&a, &["--bind", "/run/nsm/stage/project", "/project"]));
+    assert!(has(
+        &a,
+        &["--ro-bind", "/run/nsm/code/1", "/workspace/.main.py"]
+    ));
+    assert!(has(&a, &["--remount-ro", "/dev"]));
+    assert_eq!(&a[a.len() - 2..], &["--remount-ro", "/"]);
     // A read-write project is the host's, bound by bubblewrap either way.
     let rw = read_write_project(&[]);
     let a = options(&Call {
@@ -217,6 +252,66 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
     });
     assert!(has(&a, &["--bind", "/home/u/proj", "/project"]));
     assert!(!has(&a, &["--dir", "/project"]));
+}
+
+#[test]
+fn the_root_stays_bubblewraps_to_make_read_only_when_bubblewrap_mounts_after_the_sync() {
+    let env = env();
+    let rw = read_write_project(&[]);
+    let caches = [CacheMount {
+        host: "/home/u/.cache/pip".into(),
+        at: "/workspace/.cache/pip".into(),
+    }];
+    let overlay = overlay_project();
+    let cases = [
+        ("a read-write project", outside_call(&env, Some(&rw))),
+        (
+            "a cache",
+            Call {
+                caches: &caches,
+                ..outside_call(&env, Some(&overlay))
+            },
+        ),
+        (
+            "a code file outside the staged filesystems",
+            Call {
+                code_file: Some((Path::new("/run/nsm/code/1"), "/run/nsm/.main.py")),
+                ..outside_call(&env, None)
+            },
+        ),
+        (
+            "a store view",
+            Call {
+                store_view: Some(7),
+                ..outside_call(&env, None)
+            },
+        ),
+    ];
+    for (what, call) in cases {
+        let outside = outside_mounts(&layout(), &call);
+        assert!(!outside.read_only_root, "{what}");
+        let a = options(&call);
+        assert_eq!(&a[a.len() - 2..], &["--remount-ro", "/"], "{what}");
+        assert!(!has(&a, &["--size", SYNC_TMPFS_BYTES]), "{what}: {a:?}");
+        // /dev is read-only from outside all the same.
+        assert!(!has(&a, &["--remount-ro", "/dev"]), "{what}: {a:?}");
+    }
+    // A session's agent file is bubblewrap's to bind, where it makes its
+    // directory.
+    let agent = Call {
+        code_file: Some((Path::new("/run/nsm/code/1"), "/run/nsm/.main.py")),
+        ..outside_call(&env, None)
+    };
+    assert!(
+        !outside_mounts(&layout(), &agent)
+            .mounts
+            .iter()
+            .any(|m| m.source == Path::new("/run/nsm/code/1"))
+    );
+    assert!(has(
+        &options(&agent),
+        &["--ro-bind", "/run/nsm/code/1", "/run/nsm/.main.py"]
+    ));
 }
 
 #[test]

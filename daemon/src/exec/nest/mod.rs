@@ -128,6 +128,8 @@ pub(super) struct ViewAttach {
     /// Each mount from the stage: its source there, its target in the
     /// sandbox, and whether it is made read-only.
     staged: Vec<view::StagedMount>,
+    /// The sandbox's root, made read-only after them (as bubblewrap sets up).
+    read_only_root: Option<std::ffi::CString>,
 }
 
 impl ViewAttach {
@@ -144,6 +146,7 @@ impl ViewAttach {
             (&self.view, &self.mounts),
             (stage, &self.staged),
             sandbox,
+            self.read_only_root.as_deref(),
         );
         if result.is_err() {
             self.view
@@ -265,12 +268,14 @@ impl Nest {
     /// What mounts, from `view`, each `(source, target)` of `mounts` (the
     /// source in the view's namespace), and each of `staged` from the
     /// sandbox's stage (targets as while bubblewrap sets up), in a sandbox
-    /// being set up (see [`view::attach`]).
+    /// being set up (see [`view::attach`]); then makes `read_only_root`
+    /// read-only, when given.
     pub(super) fn view_attach(
         &self,
         view: Arc<view::View>,
         mounts: &[(PathBuf, PathBuf)],
         staged: &[crate::jail::OutsideMount],
+        read_only_root: Option<&Path>,
     ) -> std::io::Result<ViewAttach> {
         let c = |p: &Path| {
             std::ffi::CString::new(p.as_os_str().as_bytes())
@@ -296,6 +301,7 @@ impl Nest {
                     })
                 })
                 .collect::<std::io::Result<_>>()?,
+            read_only_root: read_only_root.map(c).transpose()?,
         })
     }
 
@@ -372,8 +378,20 @@ impl Nest {
 
 impl Drop for Nest {
     fn drop(&mut self) {
-        // The holder ends when its stdin closes, taking the nest with it.
+        // The holder ends when its stdin closes, taking the nest with it;
+        // the nest's init ends only once every process of the nest has
+        // been reaped, which includes any bubblewrap (the daemon's child)
+        // killed but not yet reaped: reaped here while waiting.
         drop(self.holder.stdin.take());
+        let deadline = Instant::now() + START_LIMIT;
+        while matches!(self.holder.try_wait(), Ok(None)) {
+            super::process::reap_orphans();
+            if Instant::now() > deadline {
+                let _ = self.holder.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let _ = self.holder.wait();
     }
 }
