@@ -188,7 +188,17 @@ impl Recipe {
             hook_vars: &hook_vars,
             network_given,
         };
-        let (options, sources) = jail::bwrap_options_and_sources(layout, &placeholder);
+        let (options, mut sources) = jail::bwrap_options_and_sources(layout, &placeholder);
+        let project = i
+            .project
+            .filter(|p| p.overlay && p.access != ProjectAccess::ReadWrite)
+            .map(|p| ProjectSpec {
+                host_path: p.host_path.clone(),
+                writable: p.access == ProjectAccess::Overlay,
+            });
+        // The stage binds the project (its overlay's lower layer) where the
+        // sandbox's own root may already be its root (see `nest::stage`).
+        sources.extend(project.as_ref().map(|p| p.host_path.clone()));
         let stage = staging.map(|(root, host_root)| StageSpec {
             host_root: host_root
                 .map(|h| h.entries(&sources, root))
@@ -196,13 +206,7 @@ impl Recipe {
             size_bytes: i.env.limits.workspace_bytes,
             files: i.env.limits.workspace_files,
             network: network_given,
-            project: i
-                .project
-                .filter(|p| p.overlay && p.access != ProjectAccess::ReadWrite)
-                .map(|p| ProjectSpec {
-                    host_path: p.host_path.clone(),
-                    writable: p.access == ProjectAccess::Overlay,
-                }),
+            project,
         });
         command.extend(i.extra_args);
         Ok(Recipe {

@@ -55,7 +55,15 @@ pub struct Nest {
     reaped: Arc<Reaped>,
     /// Idle network namespaces for sandboxes without network.
     networks: Arc<network::Pool>,
+    /// The mount namespaces of the roots built once (see
+    /// [`stage::Template`]), by the host entries they hold; `None` where
+    /// one could not be built (each stage then builds its own).
+    templates: Mutex<std::collections::HashMap<Vec<PathBuf>, Option<Arc<OwnedFd>>>>,
 }
+
+/// How many roots the nest keeps built (one per set of host entries: a
+/// server sees a few).
+const TEMPLATES_KEPT: usize = 16;
 
 #[derive(Debug)]
 struct Namespaces {
@@ -113,9 +121,17 @@ impl Reaped {
 /// What a child needs to enter the nest, prepared before it starts.
 pub(super) struct Entry {
     namespaces: Arc<Namespaces>,
-    stage: Option<stage::Plan>,
+    stage: Option<Staging>,
     /// The child's end of its reports (see [`Receipt`]).
     socket: OwnedFd,
+}
+
+/// What the process that becomes the program stages first.
+enum Staging {
+    /// A sandbox's filesystems.
+    Sandbox(stage::Plan),
+    /// A root for many sandboxes (see [`stage::Template`]).
+    Template(stage::Template),
 }
 
 /// Mounts what a view holds (a store, the /proc masks), and what the
@@ -223,6 +239,7 @@ impl Nest {
             stage_root: stage_root.to_path_buf(),
             reaped,
             networks: Arc::default(),
+            templates: Mutex::default(),
         })
     }
 
@@ -241,22 +258,77 @@ impl Nest {
             None,
         )?;
         let stage = match spec {
-            Some(spec) => Some(stage::Plan::new(
+            Some(spec) => Some(Staging::Sandbox(stage::Plan::new(
                 &self.stage_root,
                 spec,
                 owner,
                 spec.network.then(|| self.networks.plan()),
-            )?),
+                self.template(&spec.host_root, owner),
+            )?)),
             None => None,
         };
-        Ok((
+        Ok(self.entry_staging(stage, ours, theirs))
+    }
+
+    fn entry_staging(
+        &self,
+        stage: Option<Staging>,
+        ours: OwnedFd,
+        theirs: OwnedFd,
+    ) -> (Entry, Receipt) {
+        (
             Entry {
                 namespaces: self.namespaces.clone(),
                 stage,
                 socket: theirs,
             },
             Receipt(ours),
-        ))
+        )
+    }
+
+    /// The mount namespace of the root holding `entries` built once, built
+    /// now if it is not yet; `None` for no own root (`entries` empty), or
+    /// where it cannot be built.
+    fn template(&self, entries: &[PathBuf], owner: Option<(u32, u32)>) -> Option<Arc<OwnedFd>> {
+        if entries.is_empty() {
+            return None;
+        }
+        let mut templates = self.templates.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = templates.get(entries) {
+            return known.clone();
+        }
+        let built = self.build_template(entries, owner);
+        if let Err(e) = &built {
+            tracing::warn!("each sandbox builds its own root: {e}");
+        }
+        if templates.len() >= TEMPLATES_KEPT {
+            templates.clear();
+        }
+        let built = built.ok().map(Arc::new);
+        templates.insert(entries.to_vec(), built.clone());
+        built
+    }
+
+    /// Builds the root holding `entries` once, in a child that then ends
+    /// (staging succeeds or fails before its exec of `/dev/null`): the
+    /// mount namespace it reported holds the root.
+    fn build_template(
+        &self,
+        entries: &[PathBuf],
+        owner: Option<(u32, u32)>,
+    ) -> Result<OwnedFd, String> {
+        let template = stage::Template::new(&self.stage_root, entries, owner)
+            .map_err(|e| format!("cannot plan a root of its own: {e}"))?;
+        let (ours, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        let (entry, receipt) = self.entry_staging(Some(Staging::Template(template)), ours, theirs);
+        let (_, staged) = self.run_entry(entry, receipt, owner, Path::new("/dev/null"), &[])?;
+        staged.ok_or_else(|| "building a root of its own ended without a word".to_string())
     }
 
     /// Makes the store view of a closure (see [`view`]) at `view_dir`.
@@ -351,6 +423,21 @@ impl Nest {
         args: &[&str],
     ) -> Result<Option<rustix::process::WaitStatus>, String> {
         let (entry, receipt) = self.entry(Some(spec), run_as).map_err(|e| e.to_string())?;
+        self.run_entry(entry, receipt, run_as, program, args)
+            .map(|(status, _)| status)
+    }
+
+    /// Runs `program` with `args` from a child entering the nest through
+    /// `entry`, and waits for it: how it ended, if it started, and the
+    /// descriptor its staging reported.
+    fn run_entry(
+        &self,
+        entry: Entry,
+        receipt: Receipt,
+        run_as: Option<(u32, u32)>,
+        program: &Path,
+        args: &[&str],
+    ) -> Result<(Option<rustix::process::WaitStatus>, Option<OwnedFd>), String> {
         let mut plan = ChildPlan::bare(run_as);
         plan.nest = Some(entry);
         let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
@@ -368,7 +455,7 @@ impl Nest {
                     .map(|(_, status)| status)
             });
         match (spawned, reported.staged) {
-            (_, Some(Ok(_))) => Ok(status),
+            (_, Some(Ok(staged))) => Ok((status, Some(staged))),
             (_, Some(Err(why))) => Err(why),
             (Ok(_), None) => Err("staging ended without a word".to_string()),
             (Err(e), None) => Err(e.to_string()),
@@ -497,19 +584,22 @@ impl Entry {
     /// sandbox's filesystems, reported to the daemon.
     pub(super) fn stage(&self) -> std::io::Result<()> {
         rustix::process::setpgid(None, None)?;
-        if let Some(plan) = &self.stage {
-            match plan.apply() {
-                Ok((dir, None)) => stage::report(&self.socket, Ok(&[dir.as_fd()])),
-                Ok((dir, Some(network))) => {
-                    stage::report(&self.socket, Ok(&[dir.as_fd(), network.as_fd()]))
-                }
-                Err((step, e)) => {
-                    stage::report(&self.socket, Err(step));
-                    return Err(e.into());
-                }
-            }
-        }
-        Ok(())
+        let outcome = match &self.stage {
+            None => return Ok(()),
+            Some(Staging::Sandbox(plan)) => plan.apply().map(|(dir, network)| match network {
+                None => stage::report(&self.socket, Ok(&[dir.as_fd()])),
+                Some(network) => stage::report(&self.socket, Ok(&[dir.as_fd(), network.as_fd()])),
+            }),
+            Some(Staging::Template(template)) => template
+                .apply()
+                .map(|namespace| stage::report(&self.socket, Ok(&[namespace.as_fd()]))),
+        };
+        let Err(failed) = outcome else {
+            return Ok(());
+        };
+        let (step, e) = failed;
+        stage::report(&self.socket, Err(step));
+        Err(e.into())
     }
 
     /// In the child, once it will die with the daemon: whether the daemon

@@ -14,9 +14,10 @@
 use std::ffi::CString;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags};
@@ -145,7 +146,7 @@ pub(in crate::exec) struct Plan {
     /// path inside the sandbox's own root.
     scratch: CString,
     tmpfs_options: CString,
-    host_root: Option<RootPlan>,
+    root: Root,
     /// Who the scratch directories belong to when it is not the stager (a
     /// root daemon's sandboxes run as another uid).
     owner: Option<(u32, u32)>,
@@ -154,11 +155,25 @@ pub(in crate::exec) struct Plan {
     network: Option<network::Plan>,
 }
 
+/// Where a staged sandbox's bubblewrap finds the host's root.
+enum Root {
+    /// The nest's copy of the host's, whole.
+    Host,
+    /// One of its own, built by the stage (see `root.rs`).
+    Own(RootPlan),
+    /// A copy of one built once for the same entries, with the device
+    /// nodes of /dev made there already (see [`Template`]): the mount
+    /// namespace holding it.
+    Copy(Arc<OwnedFd>),
+}
+
 /// The sandbox's /dev on the scratch tmpfs (see [`staged::DEV`]): absolute
 /// targets under the scratch tmpfs.
 struct DevPlan {
     /// Each device node: the host's, and where it is bound.
     nodes: Vec<(CString, CString)>,
+    /// `dev` itself.
+    dir: CString,
     pts: CString,
     /// The scratch `shm` directory, and `dev/shm`.
     shm: (CString, CString),
@@ -197,22 +212,27 @@ fn c_path(p: &Path) -> io::Result<CString> {
 impl Plan {
     /// `network`: what gives the sandbox its network namespace, when
     /// `spec` says the stage does.
+    /// `template`: the mount namespace of a root built once for
+    /// `spec.host_root` (see [`Template`]), when there is one.
     pub(in crate::exec) fn new(
         root: &Path,
         spec: &Spec,
         owner: Option<(u32, u32)>,
         network: Option<network::Plan>,
+        template: Option<Arc<OwnedFd>>,
     ) -> io::Result<Plan> {
         use std::os::unix::fs::MetadataExt;
         let c = |s: String| CString::new(s).map_err(|_| io::Error::other("NUL in an option"));
-        let host_root = match spec.host_root.is_empty() {
-            true => None,
-            false => Some(RootPlan::new(root, &spec.host_root)?),
+        let host_root = match (spec.host_root.is_empty(), template) {
+            (true, _) => Root::Host,
+            (false, Some(template)) => Root::Copy(template),
+            (false, None) => Root::Own(RootPlan::new(root, &spec.host_root)?),
         };
-        // In the sandbox's own root, at the same path as on the host.
+        // In the sandbox's own root (before the stage enters it), at the
+        // same path as on the host.
         let scratch = match host_root {
-            Some(_) => root.join(root.strip_prefix("/").unwrap_or(root)),
-            None => root.to_path_buf(),
+            Root::Own(_) => in_own_root(root),
+            Root::Host | Root::Copy(_) => root.to_path_buf(),
         };
         let project = match &spec.project {
             None => None,
@@ -232,22 +252,10 @@ impl Plan {
                 })
             }
         };
-        let dev = scratch.join(staged::DEV);
-        let dev = DevPlan {
-            nodes: DEVICE_NODES
-                .iter()
-                .map(|n| Ok((c_path(&Path::new("/dev").join(n))?, c_path(&dev.join(n))?)))
-                .collect::<io::Result<_>>()?,
-            pts: c_path(&dev.join("pts"))?,
-            shm: (
-                c_path(&scratch.join(staged::SHM))?,
-                c_path(&dev.join("shm"))?,
-            ),
-        };
         Ok(Plan {
-            dev,
+            dev: DevPlan::new(&scratch)?,
             scratch: c_path(&scratch)?,
-            host_root,
+            root: host_root,
             tmpfs_options: c(format!(
                 "size={},nr_inodes={},mode=0755",
                 spec.size_bytes.max(4096),
@@ -267,30 +275,28 @@ impl Plan {
             Some(plan) => Some(plan.apply().map_err(|e| (Step::Network, e))?),
             None => None,
         };
-        // SAFETY: only CLONE_NEWNS: the mount namespace is per process and
-        // the child has one thread.
-        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
-            .map_err(|e| (Step::MountNamespace, e))?;
-        if self.host_root.is_some() {
-            // As bubblewrap does: nothing mounted here reaches the host.
-            rustix::mount::mount_change(
-                c"/",
-                MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
-            )
-            .map_err(|e| (Step::HostRoot, e))?;
-        }
-        // bubblewrap reads its children's /proc entries by the pids its own
-        // pid namespace gives them: /proc must be the nest's.
-        rustix::mount::mount(
-            c"proc",
-            c"/proc",
-            c"proc",
-            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-            None,
-        )
-        .map_err(|e| (Step::Proc, e))?;
-        if let Some(r) = &self.host_root {
-            r.build().map_err(|e| (Step::HostRoot, e))?;
+        match &self.root {
+            Root::Copy(template) => {
+                // Its root and its /proc (the nest's) are the template's;
+                // the copy is the sandbox's, and slave to the host's mounts
+                // as the template is.
+                rustix::thread::move_into_link_name_space(
+                    template.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Mount),
+                )
+                .map_err(|e| (Step::MountNamespace, e))?;
+                new_mount_namespace()?;
+            }
+            Root::Host => {
+                new_mount_namespace()?;
+                mount_nest_proc()?;
+            }
+            Root::Own(r) => {
+                new_mount_namespace()?;
+                slave_to_host()?;
+                mount_nest_proc()?;
+                r.build().map_err(|e| (Step::HostRoot, e))?;
+            }
         }
         rustix::mount::mount(
             c"tmpfs",
@@ -334,9 +340,11 @@ impl Plan {
                 chown(name, owner)?;
             }
         }
-        self.dev
-            .build(&dir, self.owner)
-            .map_err(|e| (Step::Dev, e))?;
+        match self.root {
+            Root::Copy(_) => self.dev.bind_template(&dir, self.owner),
+            Root::Host | Root::Own(_) => self.dev.build(&dir, self.owner),
+        }
+        .map_err(|e| (Step::Dev, e))?;
         if let Some(p) = &self.project {
             let mode = Mode::from_raw_mode(p.lower_mode);
             rustix::fs::chmodat(&dir, UPPER, mode, rustix::fs::AtFlags::empty())
@@ -366,17 +374,177 @@ impl Plan {
             let _ = rustix::process::chdir(c"/");
             mounted.map_err(|e| (Step::Overlay, e))?;
         }
-        if let Some(r) = &self.host_root {
+        if let Root::Own(r) = &self.root {
             r.enter().map_err(|e| (Step::Pivot, e))?;
         }
         Ok((dir, network))
     }
 }
 
+/// `path` as seen from inside an own root mounted at `root` (before the
+/// stage enters it): the same path under `root`.
+fn in_own_root(root: &Path) -> std::path::PathBuf {
+    root.join(root.strip_prefix("/").unwrap_or(root))
+}
+
+/// In the child: a mount namespace of its own, a copy of the current one.
+fn new_mount_namespace() -> Result<(), (Step, rustix::io::Errno)> {
+    // SAFETY: only CLONE_NEWNS: the mount namespace is per process and
+    // the child has one thread.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
+        .map_err(|e| (Step::MountNamespace, e))
+}
+
+/// In the child, as bubblewrap does: nothing mounted here reaches the host.
+fn slave_to_host() -> Result<(), (Step, rustix::io::Errno)> {
+    rustix::mount::mount_change(
+        c"/",
+        MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
+    )
+    .map_err(|e| (Step::HostRoot, e))
+}
+
+/// In the child: bubblewrap reads its children's /proc entries by the pids
+/// its own pid namespace gives them, so /proc must be the nest's.
+fn mount_nest_proc() -> Result<(), (Step, rustix::io::Errno)> {
+    rustix::mount::mount(
+        c"proc",
+        c"/proc",
+        c"proc",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        None,
+    )
+    .map_err(|e| (Step::Proc, e))
+}
+
+/// A sandbox's own root built once, for every sandbox whose bubblewrap
+/// needs the same entries of the host's root (see `root.rs`): a mount
+/// namespace holding it, slave to the host's mounts, with the nest's /proc
+/// and the device nodes of /dev (bound from the host's, the usual links)
+/// at `/dev` of that root. Each stage then starts from a copy of that
+/// namespace (a few mounts), where it built the root, bound each device
+/// node and mounted a /proc of its own, from a copy of all of the host's
+/// mounts, and let those go again (`bench/`: on a desktop's dozens of
+/// mounts, most of a sandbox's set-up).
+pub(in crate::exec) struct Template {
+    root: RootPlan,
+    dev: DevPlan,
+    owner: Option<(u32, u32)>,
+}
+
+impl Template {
+    /// The template of the root holding `entries`, mounted at `stage_root`
+    /// while it is built; `owner` owns its /dev, when not the stager.
+    pub(in crate::exec) fn new(
+        stage_root: &Path,
+        entries: &[std::path::PathBuf],
+        owner: Option<(u32, u32)>,
+    ) -> io::Result<Template> {
+        Ok(Template {
+            root: RootPlan::new(stage_root, entries)?,
+            dev: DevPlan::new(stage_root)?,
+            owner,
+        })
+    }
+
+    /// In the child, inside the nest: builds it and enters it; the
+    /// descriptor of its mount namespace, or the step that failed.
+    pub(super) fn apply(&self) -> Result<OwnedFd, (Step, rustix::io::Errno)> {
+        new_mount_namespace()?;
+        slave_to_host()?;
+        mount_nest_proc()?;
+        let root = self.root.build().map_err(|e| (Step::HostRoot, e))?;
+        self.dev
+            .make_nodes(&root, self.owner)
+            .map_err(|e| (Step::Dev, e))?;
+        drop(root);
+        self.root.enter().map_err(|e| (Step::Pivot, e))?;
+        rustix::fs::open(
+            c"/proc/self/ns/mnt",
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| (Step::MountNamespace, e))
+    }
+}
+
 impl DevPlan {
+    /// The plan of `dev` in `scratch` (the scratch tmpfs, or a template's
+    /// root, where it is mounted).
+    fn new(scratch: &Path) -> io::Result<DevPlan> {
+        let dev = scratch.join(staged::DEV);
+        Ok(DevPlan {
+            nodes: DEVICE_NODES
+                .iter()
+                .map(|n| Ok((c_path(&Path::new("/dev").join(n))?, c_path(&dev.join(n))?)))
+                .collect::<io::Result<_>>()?,
+            dir: c_path(&dev)?,
+            pts: c_path(&dev.join("pts"))?,
+            shm: (
+                c_path(&scratch.join(staged::SHM))?,
+                c_path(&dev.join("shm"))?,
+            ),
+        })
+    }
+
     /// In the child: makes `dev` in the scratch tmpfs (`scratch`) as
     /// bubblewrap's `--dev` would, owned by `owner` when given.
     fn build(&self, scratch: &OwnedFd, owner: Option<(u32, u32)>) -> Result<(), rustix::io::Errno> {
+        self.make_nodes(scratch, owner)?;
+        self.mount_own(scratch, owner)
+    }
+
+    /// In the child: binds a template's `dev` (the current root's, see
+    /// [`Template`]) as `dev` in the scratch tmpfs (`scratch`), and mounts
+    /// what each sandbox has of its own there.
+    fn bind_template(
+        &self,
+        scratch: &OwnedFd,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), rustix::io::Errno> {
+        rustix::fs::mkdirat(scratch, staged::DEV, Mode::from_raw_mode(0o755))?;
+        // Recursive: the device nodes are mounts of the template's.
+        rustix::mount::mount_bind_recursive(c"/dev", self.dir.as_c_str())?;
+        self.mount_own(scratch, owner)
+    }
+
+    /// In the child: a new devpts at `dev/pts` (owned by `owner` when
+    /// given), the scratch `shm` at `dev/shm`.
+    fn mount_own(
+        &self,
+        scratch: &OwnedFd,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), rustix::io::Errno> {
+        rustix::mount::mount(
+            c"devpts",
+            self.pts.as_c_str(),
+            c"devpts",
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+            Some(c"newinstance,ptmxmode=0666,mode=620"),
+        )?;
+        rustix::mount::mount_bind(self.shm.0.as_c_str(), self.shm.1.as_c_str())?;
+        if let Some((uid, gid)) = owner {
+            // Only the listing of /dev/pts shows its root's owner (the
+            // host's root, where the nest may not map it).
+            let _ = rustix::fs::chownat(
+                scratch,
+                "dev/pts",
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                rustix::fs::AtFlags::empty(),
+            );
+        }
+        Ok(())
+    }
+
+    /// In the child: `dev` in `scratch` with the device nodes bound, the
+    /// links and the directories `pts` and `shm` are mounted on, owned by
+    /// `owner` when given.
+    fn make_nodes(
+        &self,
+        scratch: &OwnedFd,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), rustix::io::Errno> {
         use rustix::fs::{AtFlags, Gid, Uid};
         let dir =
             |name: &str, mode: u32| rustix::fs::mkdirat(scratch, name, Mode::from_raw_mode(mode));
@@ -395,23 +563,12 @@ impl DevPlan {
         for (name, target) in DEVICE_LINKS {
             rustix::fs::symlinkat(target, scratch, name)?;
         }
-        rustix::mount::mount(
-            c"devpts",
-            self.pts.as_c_str(),
-            c"devpts",
-            MountFlags::NOSUID | MountFlags::NOEXEC,
-            Some(c"newinstance,ptmxmode=0666,mode=620"),
-        )?;
-        rustix::mount::mount_bind(self.shm.0.as_c_str(), self.shm.1.as_c_str())?;
         if let Some((uid, gid)) = owner {
             let (uid, gid) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
             rustix::fs::chownat(scratch, staged::DEV, uid, gid, AtFlags::empty())?;
             for (name, _) in DEVICE_LINKS {
                 rustix::fs::chownat(scratch, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?;
             }
-            // Only the listing of /dev/pts shows its root's owner (the
-            // host's root, where the nest may not map it).
-            let _ = rustix::fs::chownat(scratch, "dev/pts", uid, gid, AtFlags::empty());
         }
         Ok(())
     }
@@ -471,8 +628,8 @@ impl RootPlan {
         })
     }
 
-    /// In the child: mounts the new root and fills it.
-    fn build(&self) -> Result<(), rustix::io::Errno> {
+    /// In the child: mounts the new root and fills it; a descriptor on it.
+    fn build(&self) -> Result<OwnedFd, rustix::io::Errno> {
         rustix::mount::mount(
             c"tmpfs",
             self.at.as_c_str(),
@@ -498,7 +655,7 @@ impl RootPlan {
         if self.make_tmp {
             rustix::fs::mkdirat(&root, c"tmp", Mode::from_raw_mode(0o1777))?;
         }
-        Ok(())
+        Ok(root)
     }
 
     /// In the child, once everything is staged: makes the new root the
