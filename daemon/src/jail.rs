@@ -179,6 +179,13 @@ pub fn code_path(env: &Environment) -> String {
     format!("{WORKSPACE}/{}", env.file_name)
 }
 
+/// Where a code file at `at` in the sandbox is in its staged tmpfs (see
+/// [`staged`]), relative to it: for one directly in /workspace.
+pub fn staged_code_path(at: &str) -> Option<String> {
+    let name = at.strip_prefix(WORKSPACE)?.strip_prefix('/')?;
+    (!name.is_empty() && !name.contains('/')).then(|| format!("{}/{name}", staged::WORKSPACE))
+}
+
 /// The file under the store that bubblewrap writes while a store view is
 /// mounted over the store (see [`Call::store_view`]); the view hides it.
 pub const VIEW_SYNC_FILE: &str = ".nsm-view-sync";

@@ -33,9 +33,8 @@ pub(super) struct Prepared {
     /// The sandbox's init (pid 1 of its pid namespace), when bubblewrap reported it.
     pub(super) init: Option<Watched>,
     pub(super) lease: Lease,
-    /// The file mounted as the code file; the call writes the code into it.
-    /// The file mounted as the code file; none for a command run as is.
-    pub(super) code: Option<tempfile::NamedTempFile>,
+    /// Where the call writes the code; none for a command run as is.
+    pub(super) code: Option<CodeFile>,
     /// Write end of bubblewrap's `--block-fd`: a byte starts the command.
     pub(super) block: OwnedFd,
     pub(super) status: Status,
@@ -60,6 +59,19 @@ pub(super) struct Prepared {
     pub(super) released: bool,
 }
 
+/// Where a sandbox's code goes.
+#[derive(Debug)]
+pub(super) enum CodeFile {
+    /// A file of the host's, mounted as the code file (kept until the
+    /// sandbox ends).
+    Host(tempfile::NamedTempFile),
+    /// A file made in the staged /workspace when the call comes: its path
+    /// relative to the staged tmpfs, and who owns it when not the daemon's
+    /// uid (as the scratch directories). Nothing on the host's disk,
+    /// nothing mounted.
+    Staged(std::ffi::CString, Option<(u32, u32)>),
+}
+
 /// What lets a pre-started interpreter go on to the code file (see `warm`).
 #[derive(Debug)]
 pub(super) struct Go {
@@ -76,10 +88,33 @@ impl Prepared {
 
     /// Writes the code into the (empty) code file.
     pub(super) fn write_code(&mut self, code: &[u8]) -> std::io::Result<()> {
-        match &mut self.code {
-            Some(file) => file.as_file_mut().write_all(code),
-            None if code.is_empty() => Ok(()),
-            None => Err(std::io::Error::other(
+        match (&mut self.code, &self.staged) {
+            (Some(CodeFile::Host(file)), _) => file.as_file_mut().write_all(code),
+            (Some(CodeFile::Staged(at, owner)), Some(staged)) => {
+                use rustix::fs::{Mode, OFlags};
+                // Readable by everyone (a root server's sandbox runs as
+                // another uid), never through a link.
+                let flags = OFlags::CREATE
+                    | OFlags::EXCL
+                    | OFlags::WRONLY
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC;
+                let file =
+                    rustix::fs::openat(staged, at.as_c_str(), flags, Mode::from_raw_mode(0o444))?;
+                if let Some((uid, gid)) = owner {
+                    rustix::fs::fchown(
+                        &file,
+                        Some(rustix::fs::Uid::from_raw(*uid)),
+                        Some(rustix::fs::Gid::from_raw(*gid)),
+                    )?;
+                }
+                std::fs::File::from(file).write_all(code)
+            }
+            (Some(CodeFile::Staged(..)), None) => Err(std::io::Error::other(
+                "the code file's staged tmpfs is gone",
+            )),
+            (None, _) if code.is_empty() => Ok(()),
+            (None, _) => Err(std::io::Error::other(
                 "this sandbox runs a command, which reads no code",
             )),
         }
@@ -193,7 +228,7 @@ pub struct Sandbox {
     pub(super) stdout: Channel,
     pub(super) stderr: Channel,
     pub(super) control: Option<Control>,
-    _code: Option<tempfile::NamedTempFile>,
+    _code: Option<CodeFile>,
     /// See [`Prepared::staged`].
     staged: Option<OwnedFd>,
     /// See [`Prepared::namespaces`].

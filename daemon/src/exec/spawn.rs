@@ -19,7 +19,7 @@ use super::launch::{Output, launch};
 use super::nest::{Nest, Reaped, Reported, ViewAttach, network};
 use super::process::{Process, watch_child_of};
 use super::recipe::{Recipe, nul_separated};
-use super::sandbox::{Go, Prepared};
+use super::sandbox::{CodeFile, Go, Prepared};
 use super::status::Status;
 use crate::jail::{self, Call};
 use crate::limits::{Enforcer, Lease, Rlimit};
@@ -32,7 +32,7 @@ const INIT_LIMIT: Duration = Duration::from_secs(10);
 pub(super) struct Spawned {
     process: Process,
     lease: Lease,
-    code: Option<tempfile::NamedTempFile>,
+    code: Option<CodeFile>,
     block: OwnedFd,
     status: OwnedFd,
     stdout: OwnedFd,
@@ -115,17 +115,29 @@ pub(super) fn spawn(
         _ => Vec::new(),
     };
     rustix::fs::fcntl_setfl(&status_r, rustix::fs::OFlags::NONBLOCK)?;
-    let code = match recipe.code_path {
-        Some(_) => Some(platform.code_file()?),
-        None => None,
+    // In a staged /workspace the code is written straight into it when the
+    // call comes; elsewhere (a session's agent, no nest) into a host file
+    // mounted there.
+    let staged_code = match (&recipe.stage, nest) {
+        (Some(_), Some(_)) => recipe.code_path.as_deref().and_then(jail::staged_code_path),
+        _ => None,
+    };
+    let code = match (staged_code, &recipe.code_path) {
+        (Some(at), _) => Some(CodeFile::Staged(
+            std::ffi::CString::new(at).map_err(|_| io::Error::other("NUL in the code path"))?,
+            platform.run_as,
+        )),
+        (None, Some(_)) => Some(CodeFile::Host(platform.code_file()?)),
+        (None, None) => None,
+    };
+    let host_code = match &code {
+        Some(CodeFile::Host(file)) => Some(file.path()),
+        _ => None,
     };
     let call = Call {
         env: &recipe.env,
         project: recipe.project.as_ref(),
-        code_file: code
-            .as_ref()
-            .zip(recipe.code_path.as_deref())
-            .map(|(file, at)| (file.path(), at)),
+        code_file: host_code.zip(recipe.code_path.as_deref()),
         block_fd: Some(block_r.as_raw_fd()),
         seccomp_fds: vec![seccomp_r.as_raw_fd()],
         status_fd: Some(status_w.as_raw_fd()),

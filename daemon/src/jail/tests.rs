@@ -824,3 +824,20 @@ fn bind_sources_are_the_first_argument_of_every_bind() {
     );
     assert!(sources.contains(&"/usr".to_string()), "{sources:?}");
 }
+
+#[test]
+fn a_code_file_directly_in_the_workspace_has_a_place_in_the_staged_tmpfs() {
+    assert_eq!(
+        staged_code_path("/workspace/.main.py").as_deref(),
+        Some("workspace/.main.py")
+    );
+    for elsewhere in [
+        "/run/nsm/.main.py",
+        "/workspace",
+        "/workspace/",
+        "/workspace/sub/.main.py",
+        "/workspaces/.main.py",
+    ] {
+        assert_eq!(staged_code_path(elsewhere), None, "{elsewhere}");
+    }
+}
