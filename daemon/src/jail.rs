@@ -114,7 +114,9 @@ pub struct Call<'a> {
     pub project: Option<&'a ProjectMount>,
     /// Host file holding the code and where it appears in the sandbox
     /// (read-only): the environment's code path for a run, elsewhere for a
-    /// session's agent. The daemon writes the code into it when the call arrives.
+    /// session's agent. The daemon writes the code into it when the call
+    /// arrives. None for a run in the nest, whose code the daemon writes
+    /// into the staged /workspace itself (see [`staged_code_path`]).
     pub code_file: Option<(&'a Path, &'a str)>,
     /// bubblewrap waits on this descriptor, with the sandbox fully set up,
     /// before it starts the command.

@@ -131,14 +131,14 @@ fn every_namespace_and_no_capabilities() {
     assert!(!a.iter().any(|x| x == "--share-net"));
 }
 
-/// A staged call whose /etc, staged filesystems and code file are mounted
-/// from outside at the masks' sync (descriptor 12).
+/// A staged call whose /etc and staged filesystems are mounted from
+/// outside at the masks' sync (descriptor 12), its code written into the
+/// staged /workspace.
 fn outside_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Call<'a> {
     Call {
         staged: Some(Path::new("/run/nsm/stage")),
         proc_masks_sync: Some(12),
         mounts_from_outside: true,
-        code_file: Some((Path::new("/run/nsm/code/1"), "/workspace/.main.py")),
         ..bare_call(env, project)
     }
 }
@@ -173,7 +173,6 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
         ("/run/nsm/stage/tmp", "/tmp", false),
         ("/run/nsm/stage/workspace", "/workspace", false),
         ("/run/nsm/stage/project", "/project", false),
-        ("/run/nsm/code/1", "/workspace/.main.py", true),
     ]
     .map(|(a, b, r)| (a.to_string(), b.to_string(), r));
     assert_eq!(mounts, expected);
@@ -183,17 +182,9 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
     for at in ["/etc", "/dev", "/tmp", "/workspace", "/project"] {
         assert!(pos(&a, &["--dir", at]) < sync, "{at}: {a:?}");
     }
-    // The host entries' mount points are in the sandbox's /etc already,
-    // the code file's is made in the staged /workspace.
-    for at in ["/etc/ld.so.cache", "/workspace/.main.py"] {
-        assert!(!a.iter().any(|x| x == at), "{at}: {a:?}");
-    }
-    for source in [
-        "/run/nsm/stage",
-        "/run/nsm/etc",
-        "/etc/ld.so.cache",
-        "/run/nsm/code",
-    ] {
+    // The host entries' mount points are in the sandbox's /etc already.
+    assert!(!a.iter().any(|x| x == "/etc/ld.so.cache"), "{a:?}");
+    for source in ["/run/nsm/stage", "/run/nsm/etc", "/etc/ld.so.cache"] {
         assert!(!a.iter().any(|x| x.starts_with(source)), "{source}: {a:?}");
     }
     assert!(pos(&a, &["--proc", "/proc"]) < sync);
@@ -238,10 +229,6 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
         &["--bind", "/run/nsm/stage/workspace", "/workspace"]
     ));
     assert!(has(&a, &["--bind", "/run/nsm/stage/project", "/project"]));
-    assert!(has(
-        &a,
-        &["--ro-bind", "/run/nsm/code/1", "/workspace/.main.py"]
-    ));
     assert!(has(&a, &["--remount-ro", "/dev"]));
     assert_eq!(&a[a.len() - 2..], &["--remount-ro", "/"]);
     // A read-write project is the host's, bound by bubblewrap either way.
@@ -273,7 +260,7 @@ fn the_root_stays_bubblewraps_to_make_read_only_when_bubblewrap_mounts_after_the
             },
         ),
         (
-            "a code file outside the staged filesystems",
+            "a host code file (a session's agent)",
             Call {
                 code_file: Some((Path::new("/run/nsm/code/1"), "/run/nsm/.main.py")),
                 ..outside_call(&env, None)
@@ -296,18 +283,12 @@ fn the_root_stays_bubblewraps_to_make_read_only_when_bubblewrap_mounts_after_the
         // /dev is read-only from outside all the same.
         assert!(!has(&a, &["--remount-ro", "/dev"]), "{what}: {a:?}");
     }
-    // A session's agent file is bubblewrap's to bind, where it makes its
+    // A host code file is bubblewrap's to bind, where it makes its
     // directory.
     let agent = Call {
         code_file: Some((Path::new("/run/nsm/code/1"), "/run/nsm/.main.py")),
         ..outside_call(&env, None)
     };
-    assert!(
-        !outside_mounts(&layout(), &agent)
-            .mounts
-            .iter()
-            .any(|m| m.source == Path::new("/run/nsm/code/1"))
-    );
     assert!(has(
         &options(&agent),
         &["--ro-bind", "/run/nsm/code/1", "/run/nsm/.main.py"]

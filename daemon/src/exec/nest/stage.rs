@@ -422,10 +422,10 @@ fn mount_nest_proc() -> Result<(), (Step, rustix::io::Errno)> {
 /// namespace holding it, slave to the host's mounts, with the nest's /proc
 /// and the device nodes of /dev (bound from the host's, the usual links)
 /// at `/dev` of that root. Each stage then starts from a copy of that
-/// namespace (a few mounts), where it built the root, bound each device
-/// node and mounted a /proc of its own, from a copy of all of the host's
-/// mounts, and let those go again (`bench/`: on a desktop's dozens of
-/// mounts, most of a sandbox's set-up).
+/// namespace (a few mounts) instead of building the root, binding each
+/// device node and mounting a /proc of its own from a copy of all of the
+/// host's mounts, which it then let go (on a desktop's dozens of mounts,
+/// most of a sandbox's set-up; docs/performance.md).
 pub(in crate::exec) struct Template {
     root: RootPlan,
     dev: DevPlan,

@@ -186,7 +186,7 @@ fn view(user_namespace: &Path, view_dir: &Path) -> std::io::Result<()> {
 
 /// The steps of [`attach`], in order; the child exits with the number of
 /// the one that failed.
-const ATTACH_STEPS: [&str; 11] = [
+const ATTACH_STEPS: [&str; 10] = [
     "joining the nest's user namespace",
     "joining the view's mount namespace",
     "copying the view",
@@ -196,7 +196,6 @@ const ATTACH_STEPS: [&str; 11] = [
     "joining the stage's mount namespace",
     "copying from the stage",
     "making a mount from the stage read-only",
-    "making a file to mount a file from the stage on",
     "making the sandbox's root read-only",
 ];
 
@@ -221,8 +220,7 @@ pub(in crate::exec) struct StagedMount {
 /// `source` in the view's namespace, and of `from_stage`'s, `source` in
 /// that mount namespace (the sandbox's stage, where its bubblewrap runs),
 /// each `target` in the mount namespace `sandbox`, from a child that joins
-/// `user_namespace` (the nest's, which owns all three namespaces); a file
-/// from the stage gets an empty file to be mounted on where nothing is.
+/// `user_namespace` (the nest's, which owns all three namespaces).
 /// Then `read_only_root`, when given, is made read-only.
 /// Blocking (a child and a few system calls a mount; a copy of a store is
 /// one mount per store path, made by the kernel in one go).
@@ -297,9 +295,6 @@ pub(in crate::exec) fn attach(
             let Some(tree) = tree else {
                 return 3;
             };
-            if file_without_mount_point(tree, target) && make_mount_point_file(target).is_err() {
-                return 10;
-            }
             if rustix::mount::move_mount(
                 tree.as_fd(),
                 c"",
@@ -318,7 +313,7 @@ pub(in crate::exec) fn attach(
         if let Some(root) = read_only_root
             && self::read_only(root).is_err()
         {
-            return 11;
+            return 10;
         }
         0
     };
@@ -334,26 +329,6 @@ pub(in crate::exec) fn attach(
             "cannot mount from a view: its helper exited with {other}"
         ))),
     }
-}
-
-/// Whether `tree` is a file's mount and nothing is at `target` yet. Only
-/// system calls.
-fn file_without_mount_point(tree: &OwnedFd, target: &std::ffi::CStr) -> bool {
-    use rustix::fs::{AtFlags, FileType};
-    let is_file = rustix::fs::fstat(tree)
-        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) != FileType::Directory);
-    is_file
-        && matches!(
-            rustix::fs::statat(rustix::fs::CWD, target, AtFlags::SYMLINK_NOFOLLOW),
-            Err(rustix::io::Errno::NOENT)
-        )
-}
-
-/// An empty file at `at`, made new (never through a link). Only system calls.
-fn make_mount_point_file(at: &std::ffi::CStr) -> Result<(), rustix::io::Errno> {
-    use rustix::fs::{Mode, OFlags};
-    let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    rustix::fs::open(at, flags, Mode::from_raw_mode(0o444)).map(drop)
 }
 
 /// Makes the mount at `at` private: no mount event reaches it or leaves it,
