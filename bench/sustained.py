@@ -13,7 +13,11 @@ Rows, per k (default 1, 2, 4, 8), each for --seconds, interleaved over
   MCP, rlimits  the same with cgroups off (NIX_SANDBOX_LIMITS=rlimits)
 
 The server runs with max_concurrent_runs = the largest k, so that every
-call in flight has a sandbox. Any call that is not ok is counted by its
+call in flight has a sandbox, and a memory budget that holds every call in
+flight and as many sandboxes prepared ahead: on a machine with little
+memory the default budget (half of it) would otherwise hold fewer, and
+the rate measured would be the budget's (which queues calls beyond it, by
+design), not the sandboxes'. Any call that is not ok is counted by its
 error code and printed: under load there must be none.
 
 Each row also shows the CPU time a call costs: all the machine's busy
@@ -101,6 +105,10 @@ def bare(script: str, interpreter: str, k: int, seconds: float) -> int:
         return sum(pool.map(lambda _: worker(), range(k)))
 
 
+# The default memory limit of a sandbox (config.example.toml, memory_mb).
+SANDBOX_MEMORY_MB = 1024
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
@@ -118,7 +126,10 @@ def main() -> None:
     script = pathlib.Path(work) / "script"
     script.write_text(code)
     config = pathlib.Path(work) / "config.toml"
-    config.write_text(f"[server]\nmax_concurrent_runs = {max(ks)}\nmax_queued_runs = {4 * max(ks)}\n")
+    budget_mb = 2 * max(ks) * SANDBOX_MEMORY_MB
+    config.write_text(
+        f"[server]\nmax_concurrent_runs = {max(ks)}\nmax_queued_runs = {4 * max(ks)}\nmemory_budget_mb = {budget_mb}\n"
+    )
     servers = {
         "MCP run": Pipelined(a.bin, env, ["--config", str(config)]),
         "MCP run, rlimits only": Pipelined(a.bin, {**env, "NIX_SANDBOX_LIMITS": "rlimits"}, ["--config", str(config)]),
