@@ -254,6 +254,38 @@ fn envs_and_doctor_list_the_declared_commands_and_refuse_broken_ones() {
     );
 }
 
+#[test]
+fn doctor_warns_when_the_memory_budget_holds_fewer_sandboxes_than_may_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "[server]\nmemory_budget_mb = 1536\nmax_concurrent_runs = 3\n",
+    );
+    let o = out(&mut cli(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "doctor",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let budget = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "memory budget")
+        .cloned()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(budget["status"], "warn", "{budget}");
+    let detail = budget["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("1536 MiB ([server] memory_budget_mb) holds 1 sandbox at")
+            && detail.contains("3 calls may run at once"),
+        "{detail}"
+    );
+    // A warning, not a failure: the server works, one call at a time.
+    assert_eq!(o.status.code(), Some(0), "{v}");
+}
+
 /// `envs --json` with `toml` as the configuration file; it must succeed.
 fn envs_with(toml: &str) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();

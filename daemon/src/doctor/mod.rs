@@ -129,6 +129,7 @@ pub async fn run(opts: &StartOptions, mut report: impl FnMut(&Finding)) -> Vec<F
     record(check_limits(&s));
     record(check_project(&mut s));
     record(check_environments(&mut s).await);
+    record(check_memory_budget(&s));
     record(check_commands(&s));
     record(check_example_run(&s).await);
     if let Some(executor) = s.executor {
@@ -369,6 +370,57 @@ async fn check_environments(s: &mut State) -> Vec<Finding> {
     found
 }
 
+/// How many sandboxes the memory budget holds at once, against the calls
+/// allowed to run at once: with fewer, calls wait for memory before a run
+/// slot, which looks like a slow server.
+fn check_memory_budget(s: &State) -> Vec<Finding> {
+    let (Some(config), Some(executor), Some(reg)) = (&s.config, &s.executor, &s.registry) else {
+        return Vec::new();
+    };
+    let largest = reg
+        .iter()
+        .map(|e| (e.limits.memory_bytes.div_ceil(1 << 20), e.name.as_str()))
+        .max();
+    let Some(largest) = largest else {
+        return Vec::new();
+    };
+    vec![budget_finding(
+        executor.memory_budget_mib(),
+        config.server.memory_budget_mb.is_some(),
+        executor.max_concurrent_runs(),
+        largest,
+    )]
+}
+
+/// The finding for a budget of `budget_mib` (set in the configuration, or
+/// the default), `max_running` calls at once, and the largest memory limit
+/// of an environment (in MiB, and its name).
+fn budget_finding(
+    budget_mib: u64,
+    configured: bool,
+    max_running: usize,
+    (largest_mib, env): (u64, &str),
+) -> Finding {
+    let origin = if configured {
+        "[server] memory_budget_mb"
+    } else {
+        "the default, half of the memory the server may use"
+    };
+    let fit = budget_mib / largest_mib.max(1);
+    let sandboxes = if fit == 1 { "sandbox" } else { "sandboxes" };
+    let detail = format!(
+        "{budget_mib} MiB ({origin}) holds {fit} {sandboxes} at the largest memory limit ({largest_mib} MiB, environment {env}) at once, prepared ones included; {max_running} calls may run at once (max_concurrent_runs)"
+    );
+    if fit >= max_running as u64 {
+        return Finding::ok("memory budget", detail);
+    }
+    Finding::warn(
+        "memory budget",
+        format!("{detail}, so calls beyond {fit} wait for memory"),
+        "give environments whose code needs less a lower memory_mb, or raise [server] memory_budget_mb (sandboxes rarely use all of their limit; the budget keeps their limits together within what the host can give)",
+    )
+}
+
 /// The declared commands, checked as `--stdio` checks them before serving.
 fn check_commands(s: &State) -> Vec<Finding> {
     let (Some(config), Some(reg)) = (&s.config, &s.registry) else {
@@ -448,6 +500,34 @@ async fn check_example_run(s: &State) -> Vec<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_budget_warns_when_it_holds_fewer_sandboxes_than_may_run() {
+        let roomy = budget_finding(12_000, false, 2, (1024, "python"));
+        assert_eq!(roomy.status, Status::Ok);
+        assert!(
+            roomy.detail.starts_with(
+                "12000 MiB (the default, half of the memory the server may use) holds 11 sandboxes at the largest memory limit (1024 MiB, environment python) at once"
+            ),
+            "{}",
+            roomy.detail
+        );
+
+        // A 4 GiB machine with the defaults: one sandbox at a time.
+        let small = budget_finding(1953, false, 2, (1024, "bash"));
+        assert_eq!(small.status, Status::Warn);
+        assert!(
+            small.detail.contains("holds 1 sandbox at")
+                && small.detail.ends_with("so calls beyond 1 wait for memory"),
+            "{}",
+            small.detail
+        );
+        assert!(small.fix.unwrap().contains("memory_budget_mb"));
+
+        let set = budget_finding(4096, true, 4, (1024, "bash"));
+        assert_eq!(set.status, Status::Ok);
+        assert!(set.detail.contains("([server] memory_budget_mb)"));
+    }
 
     #[test]
     fn findings_print_as_before_and_serialise_to_the_documented_shape() {

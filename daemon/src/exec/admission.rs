@@ -44,6 +44,10 @@ impl Admission {
         }
     }
 
+    pub(super) fn running(&self) -> usize {
+        self.running
+    }
+
     /// Waits for a slot, or fails at once with `Busy` when too many calls
     /// already wait, or with `CancelledWhileQueued`. The daemon's own work
     /// (start-up checks of environments) waits whatever the queue holds.

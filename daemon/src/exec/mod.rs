@@ -613,6 +613,11 @@ impl Executor {
         self.inner.budget.total_mib()
     }
 
+    /// How many calls may run at once (`max_concurrent_runs`).
+    pub fn max_concurrent_runs(&self) -> usize {
+        self.inner.admission.running()
+    }
+
     /// Sets a sandbox up for `recipe` now, giving bubblewrap `extra`
     /// descriptors to pass on to the command.
     async fn prepare_now(
