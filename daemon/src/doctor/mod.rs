@@ -372,7 +372,8 @@ async fn check_environments(s: &mut State) -> Vec<Finding> {
 
 /// How many sandboxes the memory budget holds at once, against the calls
 /// allowed to run at once: with fewer, calls wait for memory before a run
-/// slot, which looks like a slow server.
+/// slot, and with one, they run one at a time, which looks like a slow
+/// server (a warning).
 fn check_memory_budget(s: &State) -> Vec<Finding> {
     let (Some(config), Some(executor), Some(reg)) = (&s.config, &s.executor, &s.registry) else {
         return Vec::new();
@@ -408,15 +409,19 @@ fn budget_finding(
     };
     let fit = budget_mib / largest_mib.max(1);
     let sandboxes = if fit == 1 { "sandbox" } else { "sandboxes" };
-    let detail = format!(
+    let mut detail = format!(
         "{budget_mib} MiB ({origin}) holds {fit} {sandboxes} at the largest memory limit ({largest_mib} MiB, environment {env}) at once, prepared ones included; {max_running} calls may run at once (max_concurrent_runs)"
     );
     if fit >= max_running as u64 {
         return Finding::ok("memory budget", detail);
     }
+    detail += &format!(", so calls beyond {fit} wait for memory");
+    if fit > 1 {
+        return Finding::ok("memory budget", detail);
+    }
     Finding::warn(
         "memory budget",
-        format!("{detail}, so calls beyond {fit} wait for memory"),
+        detail,
         "give environments whose code needs less a lower memory_mb, or raise [server] memory_budget_mb (sandboxes rarely use all of their limit; the budget keeps their limits together within what the host can give)",
     )
 }
@@ -524,9 +529,11 @@ mod tests {
         );
         assert!(small.fix.unwrap().contains("memory_budget_mb"));
 
-        let set = budget_finding(4096, true, 4, (1024, "bash"));
+        // Fewer than may run, but more than one: said, not warned about.
+        let set = budget_finding(4096, true, 8, (1024, "bash"));
         assert_eq!(set.status, Status::Ok);
         assert!(set.detail.contains("([server] memory_budget_mb)"));
+        assert!(set.detail.ends_with("so calls beyond 4 wait for memory"));
     }
 
     #[test]
