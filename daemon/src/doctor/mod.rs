@@ -380,26 +380,28 @@ fn check_memory_budget(s: &State) -> Vec<Finding> {
     };
     let largest = reg
         .iter()
-        .map(|e| (e.limits.memory_bytes.div_ceil(1 << 20), e.name.as_str()))
+        .map(|e| (e.limits.memory_bytes, e.name.as_str()))
         .max();
-    let Some(largest) = largest else {
+    let Some((largest_bytes, env)) = largest else {
         return Vec::new();
     };
     vec![budget_finding(
         executor.memory_budget_mib(),
         config.server.memory_budget_mb.is_some(),
         executor.max_concurrent_runs(),
-        largest,
+        executor.budget_holds(largest_bytes),
+        (largest_bytes >> 20, env),
     )]
 }
 
 /// The finding for a budget of `budget_mib` (set in the configuration, or
-/// the default), `max_running` calls at once, and the largest memory limit
-/// of an environment (in MiB, and its name).
+/// the default) that holds `fit` sandboxes of the largest memory limit of
+/// an environment (in MiB, and its name), with `max_running` calls at once.
 fn budget_finding(
     budget_mib: u64,
     configured: bool,
     max_running: usize,
+    fit: u64,
     (largest_mib, env): (u64, &str),
 ) -> Finding {
     let origin = if configured {
@@ -407,7 +409,6 @@ fn budget_finding(
     } else {
         "the default, half of the memory the server may use"
     };
-    let fit = budget_mib / largest_mib.max(1);
     let sandboxes = if fit == 1 { "sandbox" } else { "sandboxes" };
     let mut detail = format!(
         "{budget_mib} MiB ({origin}) holds {fit} {sandboxes} at the largest memory limit ({largest_mib} MiB, environment {env}) at once, prepared ones included; {max_running} calls may run at once (max_concurrent_runs)"
@@ -508,7 +509,7 @@ mod tests {
 
     #[test]
     fn the_memory_budget_warns_when_it_holds_fewer_sandboxes_than_may_run() {
-        let roomy = budget_finding(12_000, false, 2, (1024, "python"));
+        let roomy = budget_finding(12_000, false, 2, 11, (1024, "python"));
         assert_eq!(roomy.status, Status::Ok);
         assert!(
             roomy.detail.starts_with(
@@ -519,7 +520,7 @@ mod tests {
         );
 
         // A 4 GiB machine with the defaults: one sandbox at a time.
-        let small = budget_finding(1953, false, 2, (1024, "bash"));
+        let small = budget_finding(1953, false, 2, 1, (1024, "bash"));
         assert_eq!(small.status, Status::Warn);
         assert!(
             small.detail.contains("holds 1 sandbox at")
@@ -530,7 +531,7 @@ mod tests {
         assert!(small.fix.unwrap().contains("memory_budget_mb"));
 
         // Fewer than may run, but more than one: said, not warned about.
-        let set = budget_finding(4096, true, 8, (1024, "bash"));
+        let set = budget_finding(4096, true, 8, 4, (1024, "bash"));
         assert_eq!(set.status, Status::Ok);
         assert!(set.detail.contains("([server] memory_budget_mb)"));
         assert!(set.detail.ends_with("so calls beyond 4 wait for memory"));

@@ -113,6 +113,12 @@ impl Budget {
         self.total_mib
     }
 
+    /// How many sandboxes with a memory limit of `bytes` the whole budget
+    /// holds at once.
+    pub(super) fn holds(&self, bytes: u64) -> u64 {
+        self.total_mib / mib_of(bytes).max(1)
+    }
+
     /// `bytes` of the budget, if that much is free now.
     pub(super) fn try_reserve(&self, bytes: u64) -> Option<Reservation> {
         let mib = u32::try_from(mib_of(bytes))
@@ -216,6 +222,13 @@ mod tests {
         ));
         drop(a);
         assert!(budget.try_reserve(600 << 20).is_some());
+        assert_eq!(budget.holds(600 << 20), 1);
+        assert_eq!(
+            budget.holds((500 << 20) + 1),
+            2,
+            "counted in whole MiB, as reserved"
+        );
+        assert_eq!(Budget::new(12_000).holds(1024 << 20), 11);
         assert!(default_budget_mib() >= 256);
     }
 }

@@ -613,6 +613,12 @@ impl Executor {
         self.inner.budget.total_mib()
     }
 
+    /// How many sandboxes with a memory limit of `bytes` the memory budget
+    /// holds at once.
+    pub fn budget_holds(&self, bytes: u64) -> u64 {
+        self.inner.budget.holds(bytes)
+    }
+
     /// How many calls may run at once (`max_concurrent_runs`).
     pub fn max_concurrent_runs(&self) -> usize {
         self.inner.admission.running()
