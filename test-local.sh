@@ -9,6 +9,13 @@ start=$SECONDS
 
 step() { printf '\n==> %s (at %ss)\n' "$*" "$((SECONDS - start))"; }
 
+# A full run writes about 5 GiB (the debug build and its tests); say so up
+# front rather than fail halfway with "No space left on device".
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ "${free_kib:-0}" -lt $((5 * 1024 * 1024)) ]; then
+  echo "warning: $((${free_kib:-0} / 1024)) MiB free under $root; a full run needs about 5 GiB" >&2
+fi
+
 step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings

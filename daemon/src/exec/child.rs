@@ -1,6 +1,6 @@
 //! What a process the daemon starts does before it execs its program: its
 //! rlimits, entering the nest (and staging the sandbox's filesystems
-//! there), giving up root, dying with the daemon, and inheriting exactly
+//! there), joining its cgroup (cgroup v1), giving up root, dying with the daemon, and inheriting exactly
 //! the descriptors it is meant to. Everything is prepared before the child
 //! starts (see `launch.rs`); the child only makes system calls.
 
@@ -24,6 +24,9 @@ pub(super) struct ChildPlan {
     pub(super) run_as: Option<(u32, u32)>,
     /// The nest to enter, and what to stage there, when there is one.
     pub(super) nest: Option<Entry>,
+    /// The sandbox's cgroup, which the program joins itself after staging
+    /// (see [`crate::limits::Lease::join_at_exec`]), where it does.
+    pub(super) join_cgroup: Option<Arc<Vec<OwnedFd>>>,
     /// The daemon: the program must not outlive it.
     pub(super) parent: Pid,
 }
@@ -38,6 +41,7 @@ impl ChildPlan {
             inherit: Arc::new(Vec::new()),
             run_as,
             nest: None,
+            join_cgroup: None,
             parent: rustix::process::getpid(),
         }
     }
@@ -86,12 +90,18 @@ impl ChildPlan {
     }
 
     /// In the process that becomes the program: stages its filesystems in
-    /// the nest, gives up root if we have it, and passes the program
+    /// the nest, joins its cgroup where it does so itself, gives up root if
+    /// we have it, and passes the program
     /// exactly the descriptors it needs (any the daemon itself inherited
     /// stay out of the sandbox).
     pub(super) fn prepare(&self) -> io::Result<()> {
         if let Some(nest) = &self.nest {
             nest.stage()?;
+        }
+        // After staging, whose kernel objects stay charged where they were
+        // before (the daemon's groups), as when the daemon moved the process.
+        for thread_file in self.join_cgroup.iter().flat_map(|files| files.iter()) {
+            rustix::io::write(thread_file, b"0")?;
         }
         if let Some((uid, gid)) = self.run_as {
             let gid = rustix::process::Gid::from_raw(gid);

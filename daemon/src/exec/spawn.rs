@@ -1,7 +1,8 @@
 //! Starting bubblewrap for a recipe (`launch.rs`), with the rlimits,
 //! the identity switch and exactly the descriptors bubblewrap needs set up
-//! between the two; then, off the call's critical path, moving the waiting
-//! bubblewrap into its cgroup, handing it its options and seccomp filter,
+//! between the two (on cgroup v1 the process joins its cgroup there, see
+//! `Lease::join_at_exec`); then, off the call's critical path, moving the
+//! waiting bubblewrap into its cgroup (elsewhere), handing it its options and seccomp filter,
 //! and mounting a store view while it waits. The processes are held by
 //! pidfd (see `process.rs`).
 
@@ -28,7 +29,8 @@ use crate::platform::Platform;
 /// How long bubblewrap may take to create the sandbox's namespaces.
 const INIT_LIMIT: Duration = Duration::from_secs(10);
 
-/// A bubblewrap just started, blocked reading its options, not yet in its cgroup.
+/// A bubblewrap just started, blocked reading its options, in its cgroup
+/// only if it joined it itself.
 pub(super) struct Spawned {
     process: Process,
     lease: Lease,
@@ -67,7 +69,8 @@ pub(super) fn spawn(
     recipe: &Recipe,
     extra: Vec<OwnedFd>,
 ) -> io::Result<Spawned> {
-    let lease = enforcer.reserve()?;
+    let mut lease = enforcer.reserve()?;
+    let join_cgroup = lease.join_at_exec(&recipe.env.limits)?;
     let pipe =
         || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from);
     let (options_r, options_w) = pipe()?;
@@ -211,6 +214,7 @@ pub(super) fn spawn(
         ),
         run_as: platform.run_as,
         nest: entry,
+        join_cgroup,
         parent: rustix::process::getpid(),
     };
     let options_arg = options_fd.to_string();
@@ -383,11 +387,12 @@ fn kill_and_reap(pid: Option<i32>) {
 }
 
 impl Spawned {
-    /// Moves the waiting bubblewrap into its cgroup with the run's limits,
-    /// hands it its options and seccomp filter, and waits until it has
-    /// created the sandbox's init; it then builds the mounts and waits to
-    /// start the command. Blocking (the cgroup migration waits for the
-    /// kernel; see [`Lease::adopt`]).
+    /// Moves the waiting bubblewrap into its cgroup with the run's limits
+    /// (unless it joined the group itself before exec; see
+    /// [`Lease::join_at_exec`]), hands it its options and seccomp filter,
+    /// and waits until it has created the sandbox's init; it then builds
+    /// the mounts and waits to start the command. Blocking (the cgroup
+    /// migration waits for the kernel; see [`Lease::adopt`]).
     pub(super) fn set_up(
         mut self,
         recipe: &Recipe,

@@ -4,7 +4,9 @@
 //! a frozen v1 task does not die of SIGKILL, so a session paused there
 //! would outlive a daemon killed outright; sessions pause by SIGSTOP. Memory (and memory plus swap, where the kernel
 //! accounts it) and pids limits, the OOM and pids counters, and the memory
-//! high-water mark, which is reset when a group is reused.
+//! high-water mark, which is reset when a group is reused. A sandbox's
+//! first process joins its group itself, through each hierarchy's `tasks`
+//! file: four moves by pid cost a process-wide lock each.
 
 use std::io;
 use std::path::PathBuf;
@@ -109,5 +111,9 @@ impl Hierarchy for CgroupV1 {
 
     fn limits_cpu(&self) -> bool {
         self.cpu.is_some()
+    }
+
+    fn thread_file(&self) -> Option<&'static str> {
+        Some("tasks")
     }
 }

@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,6 +28,11 @@ pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
     fn reusable(&self, dirs: &[PathBuf]) -> bool;
     /// Whether a CPU quota is applied.
     fn limits_cpu(&self) -> bool;
+    /// The file through which a process moves its own (only) thread into
+    /// a group, where the hierarchy has one (see [`Group::joins`]).
+    fn thread_file(&self) -> Option<&'static str> {
+        None
+    }
     /// Kills everything in the group at once, where the hierarchy can.
     fn kill_at_once(&self, _dirs: &[PathBuf]) -> bool {
         false
@@ -42,6 +48,13 @@ pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub(super) struct Group {
     dirs: Vec<PathBuf>,
+    /// Each directory's thread file, open for writing, where the hierarchy
+    /// has one (cgroup v1's `tasks`). A single-threaded process that writes
+    /// "0" there moves itself without the write lock on the kernel's
+    /// process-wide `cgroup_threadgroup_rwsem`, which moving a process by
+    /// pid takes and which every fork, exec and exit on the machine reads.
+    /// Opened once, when the group is made, and kept while it is reused.
+    joins: Option<Arc<Vec<OwnedFd>>>,
     /// Limits currently written to the group, to skip rewriting them.
     applied: Option<(u64, u64, u32)>,
 }
@@ -149,8 +162,20 @@ impl GroupPool {
             }
             dirs.push(d);
         }
+        // Where a thread file cannot be opened, the process is moved by pid.
+        let joins = self.hierarchy.thread_file().and_then(|name| {
+            let open = |d: &PathBuf| fs::OpenOptions::new().write(true).open(d.join(name));
+            match dirs.iter().map(open).collect::<io::Result<Vec<_>>>() {
+                Ok(files) => Some(Arc::new(files.into_iter().map(OwnedFd::from).collect())),
+                Err(e) => {
+                    tracing::debug!("cgroup thread files not writable ({e}); moving by pid");
+                    None
+                }
+            }
+        });
         Ok(Group {
             dirs,
+            joins,
             applied: None,
         })
     }
@@ -160,6 +185,11 @@ impl GroupPool {
             write_file(&dir.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
+    }
+
+    /// The group's thread files (see [`Group::joins`]), where it has them.
+    pub(super) fn joins(&self, g: &Group) -> Option<Arc<Vec<OwnedFd>>> {
+        g.joins.clone()
     }
 
     pub(super) fn apply(&self, g: &mut Group, limits: &Limits) -> io::Result<()> {

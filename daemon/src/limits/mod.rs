@@ -14,6 +14,7 @@ mod rlimits;
 pub mod systemd;
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use crate::environment::Limits;
@@ -127,7 +128,8 @@ impl Enforcer {
     }
 
     /// Reserves a group for one sandbox (none in rlimit mode). The sandbox's
-    /// bubblewrap is moved into it with [`Lease::adopt`]; limits are set with
+    /// bubblewrap joins it itself before exec ([`Lease::join_at_exec`]) or
+    /// is moved into it with [`Lease::adopt`]; limits are set with
     /// [`Lease::apply`] when the run is known.
     pub fn reserve(&self) -> io::Result<Lease> {
         let Some(pool) = &self.groups else {
@@ -139,6 +141,7 @@ impl Enforcer {
                 pool: pool.clone(),
                 before: Counters::default(),
                 call_cpu_usec: None,
+                joined: false,
             }),
         })
     }
@@ -178,17 +181,42 @@ struct CgroupLease {
     before: Counters,
     /// CPU time at the start of the current call.
     call_cpu_usec: Option<u64>,
+    /// The sandbox's first process joins the group itself (see
+    /// [`Lease::join_at_exec`]).
+    joined: bool,
 }
 
 impl Lease {
     /// Moves process `pid` (a bubblewrap that has not started anything yet)
-    /// into the group. Blocking: the kernel may wait for an RCU grace period,
-    /// which is why this happens before a run, not during it.
+    /// into the group, unless it joined it itself. Blocking: the kernel may
+    /// wait for an RCU grace period, which is why this happens before a
+    /// run, not during it.
     pub fn adopt(&self, pid: u32) -> io::Result<()> {
         match self.group() {
+            Some(_) if self.cgroup.as_ref().is_some_and(|c| c.joined) => Ok(()),
             Some((pool, g)) => pool.adopt(g, pid),
             None => Ok(()),
         }
+    }
+
+    /// Where the hierarchy lets a process move itself cheaply (cgroup v1):
+    /// writes `limits` into the group and returns the descriptors through
+    /// which the sandbox's first process, single-threaded, joins the group
+    /// before it execs bubblewrap, by writing "0" to each. [`Lease::adopt`]
+    /// then moves nothing. `None` where the process is moved by pid.
+    pub fn join_at_exec(&mut self, limits: &Limits) -> io::Result<Option<Arc<Vec<OwnedFd>>>> {
+        let Some(c) = &mut self.cgroup else {
+            return Ok(None);
+        };
+        let Some(g) = &mut c.group else {
+            return Ok(None);
+        };
+        let Some(joins) = c.pool.joins(g) else {
+            return Ok(None);
+        };
+        c.pool.apply(g, limits)?;
+        c.joined = true;
+        Ok(Some(joins))
     }
 
     /// Sets the group's limits for the coming run and notes the counters
@@ -324,6 +352,7 @@ mod tests {
         assert!(e.describe().contains("test"));
         let l = Limits::resolve(Default::default());
         let mut lease = e.reserve().unwrap();
+        assert!(lease.join_at_exec(&l).unwrap().is_none());
         lease.adopt(std::process::id()).unwrap();
         lease.apply(&l).unwrap();
         assert_eq!(lease.settle().1, Fired::default());
