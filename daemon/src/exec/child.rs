@@ -1,7 +1,7 @@
 //! What a process the daemon starts does before it execs its program: its
 //! rlimits, entering the nest (and staging the sandbox's filesystems
-//! there), joining its cgroup (cgroup v1), giving up root, dying with the daemon, and inheriting exactly
-//! the descriptors it is meant to. Everything is prepared before the child
+//! there), joining its cgroup (cgroup v1), giving up root, dying with the
+//! daemon, and inheriting exactly the descriptors it is meant to. Everything is prepared before the child
 //! starts (see `launch.rs`); the child only makes system calls.
 
 use std::io;
@@ -91,9 +91,8 @@ impl ChildPlan {
 
     /// In the process that becomes the program: stages its filesystems in
     /// the nest, joins its cgroup where it does so itself, gives up root if
-    /// we have it, and passes the program
-    /// exactly the descriptors it needs (any the daemon itself inherited
-    /// stay out of the sandbox).
+    /// we have it, and passes the program exactly the descriptors it needs
+    /// (any the daemon itself inherited stay out of the sandbox).
     pub(super) fn prepare(&self) -> io::Result<()> {
         if let Some(nest) = &self.nest {
             nest.stage()?;

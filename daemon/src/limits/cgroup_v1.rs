@@ -2,11 +2,12 @@
 //! and, where the host mounts them, cpu (a CPU quota), cpuacct (the CPU a
 //! run used), each with a container of ours. The v1 freezer is not used:
 //! a frozen v1 task does not die of SIGKILL, so a session paused there
-//! would outlive a daemon killed outright; sessions pause by SIGSTOP. Memory (and memory plus swap, where the kernel
-//! accounts it) and pids limits, the OOM and pids counters, and the memory
-//! high-water mark, which is reset when a group is reused. A sandbox's
-//! first process joins its group itself, through each hierarchy's `tasks`
-//! file: four moves by pid cost a process-wide lock each.
+//! would outlive a daemon killed outright; sessions pause by SIGSTOP.
+//! Memory (and memory plus swap, where the kernel accounts it) and pids
+//! limits, the OOM and pids counters, and the memory high-water mark,
+//! which is reset when a group is reused. A sandbox's first process joins
+//! its groups itself, through each hierarchy's `tasks` file: a move by pid
+//! takes a process-wide lock, once per hierarchy.
 
 use std::io;
 use std::path::PathBuf;

@@ -57,9 +57,14 @@ pub struct Nest {
     networks: Arc<network::Pool>,
     /// The mount namespaces of the roots built once (see
     /// [`stage::Template`]), by the host entries they hold; `None` where
-    /// one could not be built (each stage then builds its own).
-    templates: Mutex<std::collections::HashMap<Vec<PathBuf>, Option<Arc<OwnedFd>>>>,
+    /// one could not be built (each stage then builds its own). Each is
+    /// built outside the map's lock, so only callers wanting the same root
+    /// wait for it.
+    templates: Mutex<std::collections::HashMap<Vec<PathBuf>, Arc<TemplateSlot>>>,
 }
+
+/// A root built once, or being built (see [`Nest::template`]).
+type TemplateSlot = std::sync::OnceLock<Option<Arc<OwnedFd>>>;
 
 /// How many roots the nest keeps built (one per set of host entries: a
 /// server sees a few).
@@ -293,20 +298,28 @@ impl Nest {
         if entries.is_empty() {
             return None;
         }
-        let mut templates = self.templates.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(known) = templates.get(entries) {
-            return known.clone();
-        }
-        let built = self.build_template(entries, owner);
-        if let Err(e) = &built {
-            tracing::warn!("each sandbox builds its own root: {e}");
-        }
-        if templates.len() >= TEMPLATES_KEPT {
-            templates.clear();
-        }
-        let built = built.ok().map(Arc::new);
-        templates.insert(entries.to_vec(), built.clone());
-        built
+        let slot = {
+            let mut templates = self.templates.lock().unwrap_or_else(|p| p.into_inner());
+            match templates.get(entries) {
+                Some(slot) => slot.clone(),
+                None => {
+                    if templates.len() >= TEMPLATES_KEPT {
+                        templates.clear();
+                    }
+                    let slot = Arc::new(TemplateSlot::new());
+                    templates.insert(entries.to_vec(), slot.clone());
+                    slot
+                }
+            }
+        };
+        slot.get_or_init(|| match self.build_template(entries, owner) {
+            Ok(built) => Some(Arc::new(built)),
+            Err(e) => {
+                tracing::warn!("each sandbox builds its own root: {e}");
+                None
+            }
+        })
+        .clone()
     }
 
     /// Builds the root holding `entries` once, in a child that then ends
