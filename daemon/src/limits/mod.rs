@@ -358,4 +358,55 @@ mod tests {
         assert_eq!(lease.settle().1, Fired::default());
         lease.release();
     }
+
+    /// Where this host gives cgroup v1 (root here), a process that writes
+    /// "0" through the lease's descriptors before its exec is in the
+    /// sandbox's group in every hierarchy, and adopt moves nothing more.
+    #[test]
+    fn a_process_joins_its_v1_groups_itself() {
+        let e = Enforcer::detect();
+        if e.mechanism() != Mechanism::CgroupV1 {
+            eprintln!("skipped: limits here are {}", e.describe());
+            return;
+        }
+        let l = Limits::resolve(Default::default());
+        let mut lease = e.reserve().unwrap();
+        let joins = lease
+            .join_at_exec(&l)
+            .unwrap()
+            .expect("v1 groups have tasks files");
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg("30");
+        // SAFETY: between fork and exec the closure only writes to
+        // descriptors opened before the fork; it does not allocate.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut sleep, move || {
+                for f in joins.iter() {
+                    rustix::io::write(f, b"0")?;
+                }
+                Ok(())
+            });
+        }
+        let mut child = sleep.spawn().unwrap();
+        lease.adopt(child.id()).unwrap();
+        let memberships = std::fs::read_to_string(format!("/proc/{}/cgroup", child.id())).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        lease.release();
+        e.cleanup();
+        for controller in ["memory", "pids"] {
+            let line = memberships
+                .lines()
+                .find(|l| {
+                    l.split(':')
+                        .nth(1)
+                        .is_some_and(|c| c.split(',').any(|c| c == controller))
+                })
+                .unwrap_or_else(|| panic!("no {controller} line in {memberships}"));
+            assert!(
+                line.contains("/nix-sandbox-mcp-") && line.contains("/run-"),
+                "{line}"
+            );
+        }
+    }
 }
