@@ -212,22 +212,9 @@ fn envs_and_doctor_list_the_declared_commands_and_refuse_broken_ones() {
 
     let o = with(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let check = |v: &serde_json::Value| {
-        v["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == "commands")
-            .cloned()
-            .unwrap_or_default()
-    };
-    assert_eq!(check(&v)["status"], "ok", "{v}");
-    assert!(
-        check(&v)["detail"]
-            .as_str()
-            .unwrap()
-            .contains("log (in bash)")
-    );
+    let check = doctor_check(&v, "commands");
+    assert_eq!(check["status"], "ok", "{v}");
+    assert!(check["detail"].as_str().unwrap().contains("log (in bash)"));
 
     // An environment that does not exist: envs fails as --stdio would, and
     // doctor names the key and the environments there are.
@@ -245,9 +232,10 @@ fn envs_and_doctor_list_the_declared_commands_and_refuse_broken_ones() {
     let o = with(&["doctor", "--json"]);
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(check(&v)["status"], "fail", "{v}");
+    let check = doctor_check(&v, "commands");
+    assert_eq!(check["status"], "fail", "{v}");
     assert!(
-        check(&v)["detail"]
+        check["detail"]
             .as_str()
             .unwrap()
             .contains("there is no environment \"rubyy\"")
@@ -268,13 +256,7 @@ fn doctor_warns_when_the_memory_budget_holds_fewer_sandboxes_than_may_run() {
         "--json",
     ]));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let budget = v["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "memory budget")
-        .cloned()
-        .unwrap_or_else(|| panic!("{v}"));
+    let budget = doctor_check(&v, "memory budget");
     assert_eq!(budget["status"], "warn", "{budget}");
     let detail = budget["detail"].as_str().unwrap();
     assert!(
@@ -284,6 +266,17 @@ fn doctor_warns_when_the_memory_budget_holds_fewer_sandboxes_than_may_run() {
     );
     // A warning, not a failure: the server works, one call at a time.
     assert_eq!(o.status.code(), Some(0), "{v}");
+}
+
+/// The check named `name` in a `doctor --json` report.
+fn doctor_check(report: &serde_json::Value, name: &str) -> serde_json::Value {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no check {name} in {report}"))
 }
 
 /// `envs --json` with `toml` as the configuration file; it must succeed.

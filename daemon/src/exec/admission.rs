@@ -44,7 +44,8 @@ impl Admission {
         }
     }
 
-    pub(super) fn running(&self) -> usize {
+    /// How many sandboxes may run calls at once.
+    pub(super) fn max_running(&self) -> usize {
         self.running
     }
 

@@ -1,8 +1,9 @@
 //! What a process the daemon starts does before it execs its program: its
 //! rlimits, entering the nest (and staging the sandbox's filesystems
 //! there), joining its cgroup (cgroup v1), giving up root, dying with the
-//! daemon, and inheriting exactly the descriptors it is meant to. Everything is prepared before the child
-//! starts (see `launch.rs`); the child only makes system calls.
+//! daemon, and inheriting exactly the descriptors it is meant to.
+//! Everything is prepared before the child starts (see `launch.rs`); the
+//! child only makes system calls.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};

@@ -621,7 +621,7 @@ impl Executor {
 
     /// How many calls may run at once (`max_concurrent_runs`).
     pub fn max_concurrent_runs(&self) -> usize {
-        self.inner.admission.running()
+        self.inner.admission.max_running()
     }
 
     /// Sets a sandbox up for `recipe` now, giving bubblewrap `extra`

@@ -3,8 +3,8 @@
 //! between the two (on cgroup v1 the process joins its cgroup there, see
 //! `Lease::join_at_exec`); then, off the call's critical path, moving the
 //! waiting bubblewrap into its cgroup (elsewhere), handing it its options
-//! and seccomp filter, and mounting a store view while it waits. The processes are held by
-//! pidfd (see `process.rs`).
+//! and seccomp filter, and mounting a store view while it waits. The
+//! processes are held by pidfd (see `process.rs`).
 
 use std::ffi::OsStr;
 use std::io::{self, Write};

@@ -192,10 +192,12 @@ impl Lease {
     /// wait for an RCU grace period, which is why this happens before a
     /// run, not during it.
     pub fn adopt(&self, pid: u32) -> io::Result<()> {
-        match self.group() {
-            Some(_) if self.cgroup.as_ref().is_some_and(|c| c.joined) => Ok(()),
-            Some((pool, g)) => pool.adopt(g, pid),
-            None => Ok(()),
+        match &self.cgroup {
+            Some(c) if !c.joined => match &c.group {
+                Some(g) => c.pool.adopt(g, pid),
+                None => Ok(()),
+            },
+            _ => Ok(()),
         }
     }
 
