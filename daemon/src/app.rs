@@ -146,6 +146,7 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
         fix: error.fix(),
         error,
     })?;
+    crate::limits::raise_open_files_limit();
     let enforcer = match std::env::var("NIX_SANDBOX_LIMITS").as_deref() {
         Err(_) | Ok("") | Ok("auto") => Enforcer::detect(),
         Ok("rlimits") => Enforcer::rlimits_only("cgroups turned off by NIX_SANDBOX_LIMITS=rlimits"),

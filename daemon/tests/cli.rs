@@ -566,3 +566,46 @@ fn client_config_names_this_binary_and_what_was_asked_for() {
         assert!(t.contains(&format!("**{title}**")), "{title}");
     }
 }
+
+/// The daemon raises its own soft open-files limit (it holds descriptors
+/// for every sandbox alive) up to its hard limit; a sandbox still gets the
+/// configured limit (1024 by default), not the daemon's.
+#[test]
+fn the_daemon_raises_its_own_open_files_limit_not_the_sandboxes() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let hard = getrlimit(Resource::Nofile).maximum;
+    let mut c = cli(&["run", "--env", "bash", "ulimit -Sn; sleep 2"]);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; nothing is allocated.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, move || {
+            setrlimit(
+                Resource::Nofile,
+                Rlimit {
+                    current: Some(256),
+                    maximum: hard,
+                },
+            )?;
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().unwrap();
+    // The daemon's limits once the sandbox runs (its output streams).
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(line, "1024\n");
+    let soft: u64 = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap_or_else(|| panic!("{limits}"));
+    let wanted = hard.map_or(65_536, |h| h.min(65_536));
+    assert_eq!(soft, wanted.max(256), "{limits}");
+}

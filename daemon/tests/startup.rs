@@ -244,9 +244,35 @@ fn as_root_a_project_the_sandbox_cannot_read_is_refused_at_start() {
     );
 }
 
+/// The cgroups named for daemon `pid` (its containers, where it had
+/// cgroups), anywhere in the cgroup mounts.
+fn cgroups_of(pid: u32) -> Vec<PathBuf> {
+    fn walk(dir: &Path, prefix: &str, depth: usize, found: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if e.file_name().to_string_lossy().starts_with(prefix) {
+                found.push(path);
+            } else if depth > 0 {
+                walk(&path, prefix, depth - 1, found);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    let prefix = format!("nix-sandbox-mcp-{pid}-");
+    walk(Path::new("/sys/fs/cgroup"), &prefix, 6, &mut found);
+    found
+}
+
 #[test]
 fn a_client_that_leaves_at_once_gets_a_clean_shutdown() {
-    // Sandboxes are still being prepared when the connection closes.
+    // Sandboxes are still being prepared when the connection closes, and
+    // their groups on the way back to the pool: none may stay behind.
     let hello = concat!(
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
         "\n",
@@ -262,6 +288,7 @@ fn a_client_that_leaves_at_once_gets_a_clean_shutdown() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let pid = child.id();
         child
             .stdin
             .take()
@@ -270,6 +297,7 @@ fn a_client_that_leaves_at_once_gets_a_clean_shutdown() {
             .unwrap();
         let o = child.wait_with_output().unwrap();
         assert!(o.status.success(), "{}", text(&o.stderr));
+        assert_eq!(cgroups_of(pid), Vec::<PathBuf>::new());
         assert!(text(&o.stdout).contains(r#""id":2"#), "{}", text(&o.stdout));
         assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
     }

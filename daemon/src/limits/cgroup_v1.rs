@@ -12,7 +12,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::groups::{Hierarchy, read_key, write_file};
+use super::groups::{ControlFiles, Hierarchy, write_file};
 use super::{Counters, Mechanism};
 use crate::environment::Limits;
 
@@ -31,12 +31,9 @@ const CPU_PERIOD_US: u64 = 100_000;
 
 impl CgroupV1 {
     /// Where a group's directory for `container` is among its directories.
-    fn slot<'a>(&self, dirs: &'a [PathBuf], container: Option<&PathBuf>) -> Option<&'a PathBuf> {
+    fn slot(&self, container: Option<&PathBuf>) -> Option<usize> {
         let container = container?;
-        self.containers()
-            .iter()
-            .position(|c| c == container)
-            .and_then(|i| dirs.get(i))
+        self.containers().iter().position(|c| c == container)
     }
 }
 
@@ -84,7 +81,7 @@ impl Hierarchy for CgroupV1 {
             write_file(&memsw, &limits.memory_bytes.to_string())?;
         }
         write_file(&dirs[1].join("pids.max"), &limits.pids.to_string())?;
-        if let Some(cpu) = self.slot(dirs, self.cpu.as_ref()) {
+        if let Some(cpu) = self.slot(self.cpu.as_ref()).and_then(|i| dirs.get(i)) {
             let quota = u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000;
             write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
             write_file(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
@@ -92,22 +89,33 @@ impl Hierarchy for CgroupV1 {
         Ok(())
     }
 
-    fn counters(&self, dirs: &[PathBuf]) -> Counters {
-        let number =
-            |p: PathBuf| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    fn counters(&self, files: &ControlFiles) -> Counters {
         Counters {
-            oom_kills: read_key(&dirs[0].join("memory.oom_control"), "oom_kill").unwrap_or(0),
-            pids_max_hits: read_key(&dirs[1].join("pids.events"), "max").unwrap_or(0),
+            oom_kills: files.key(0, "memory.oom_control", "oom_kill").unwrap_or(0),
+            pids_max_hits: files.key(1, "pids.events", "max").unwrap_or(0),
             cpu_usec: self
-                .slot(dirs, self.cpuacct.as_ref())
-                .and_then(|d| number(d.join("cpuacct.usage")))
+                .slot(self.cpuacct.as_ref())
+                .and_then(|i| files.number(i, "cpuacct.usage"))
                 .map(|ns| ns / 1000),
-            peak_memory: number(dirs[0].join("memory.max_usage_in_bytes")),
+            peak_memory: files.number(0, "memory.max_usage_in_bytes"),
         }
     }
 
-    fn reusable(&self, dirs: &[PathBuf]) -> bool {
-        write_file(&dirs[0].join("memory.max_usage_in_bytes"), "0").is_ok()
+    /// The pids controller counts a process from fork until it is reaped,
+    /// and every process of a sandbox is in its pids group: one number,
+    /// where listing cgroup.procs builds a sorted pid array per hierarchy.
+    fn populated(&self, files: &ControlFiles) -> bool {
+        match files.number(1, "pids.current") {
+            Some(n) => n > 0,
+            None => files
+                .dirs()
+                .iter()
+                .any(|d| !super::groups::procs(d).is_empty()),
+        }
+    }
+
+    fn reusable(&self, files: &ControlFiles) -> bool {
+        files.write(0, "memory.max_usage_in_bytes", "0").is_ok()
     }
 
     fn limits_cpu(&self) -> bool {

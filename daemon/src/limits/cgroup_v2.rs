@@ -8,7 +8,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::groups::{Hierarchy, read_key, write_file};
+use super::groups::{ControlFiles, Hierarchy, write_file};
 use super::{Counters, Mechanism};
 use crate::environment::Limits;
 
@@ -53,19 +53,16 @@ impl Hierarchy for CgroupV2 {
         Ok(())
     }
 
-    fn counters(&self, dirs: &[PathBuf]) -> Counters {
-        let d = &dirs[0];
+    fn counters(&self, files: &ControlFiles) -> Counters {
         Counters {
-            oom_kills: read_key(&d.join("memory.events"), "oom_kill").unwrap_or(0),
-            pids_max_hits: read_key(&d.join("pids.events"), "max").unwrap_or(0),
-            cpu_usec: read_key(&d.join("cpu.stat"), "usage_usec"),
-            peak_memory: std::fs::read_to_string(d.join("memory.peak"))
-                .ok()
-                .and_then(|v| v.trim().parse().ok()),
+            oom_kills: files.key(0, "memory.events", "oom_kill").unwrap_or(0),
+            pids_max_hits: files.key(0, "pids.events", "max").unwrap_or(0),
+            cpu_usec: files.key(0, "cpu.stat", "usage_usec"),
+            peak_memory: files.number(0, "memory.peak"),
         }
     }
 
-    fn reusable(&self, _dirs: &[PathBuf]) -> bool {
+    fn reusable(&self, _files: &ControlFiles) -> bool {
         false
     }
 

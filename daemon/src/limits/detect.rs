@@ -5,11 +5,10 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::cgroup_v1::CgroupV1;
 use super::cgroup_v2::CgroupV2;
-use super::groups::{Hierarchy, kill_pids_in, subdirectories, write_file};
+use super::groups::{Hierarchy, remove_container, write_file};
 use super::systemd;
 
 const CONTAINER_PREFIX: &str = "nix-sandbox-mcp-";
@@ -111,23 +110,7 @@ fn remove_stale_containers(parent: &Path) {
         }
         // Its owner died without cleaning up (killed, say, while it was
         // setting a sandbox up): nothing in its groups may live on.
-        let groups = subdirectories(&e.path());
-        for g in &groups {
-            kill_pids_in(g);
-        }
-        for g in &groups {
-            // Busy while the killed processes finish exiting; any other
-            // error (a group of another user's daemon) will not go away.
-            for _ in 0..100 {
-                match fs::remove_dir(g) {
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    _ => break,
-                }
-            }
-        }
-        let _ = fs::remove_dir(e.path());
+        remove_container(&e.path());
     }
 }
 

@@ -1,11 +1,13 @@
 //! The pool of per-sandbox cgroups, whatever the hierarchy: groups are
 //! created ahead of time, handed out one per sandbox, and after use emptied
 //! and returned by a background thread, so no cgroup is created or removed
-//! on a call's critical path.
+//! on a call's critical path. A group's counter files stay open while it
+//! is reused (see [`ControlFiles`]).
 
 use std::fs;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,10 +24,15 @@ pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
     fn containers(&self) -> Vec<PathBuf>;
     /// Writes `limits` into a group's directories.
     fn apply(&self, dirs: &[PathBuf], limits: &Limits) -> io::Result<()>;
-    fn counters(&self, dirs: &[PathBuf]) -> Counters;
+    fn counters(&self, files: &ControlFiles) -> Counters;
+    /// Whether any process (a zombie included, where the hierarchy can tell)
+    /// is still in the group.
+    fn populated(&self, files: &ControlFiles) -> bool {
+        files.dirs().iter().any(|d| !procs(d).is_empty())
+    }
     /// Prepares an emptied group for another sandbox (resetting what it
     /// counted); false when the group cannot serve again.
-    fn reusable(&self, dirs: &[PathBuf]) -> bool;
+    fn reusable(&self, files: &ControlFiles) -> bool;
     /// Whether a CPU quota is applied.
     fn limits_cpu(&self) -> bool;
     /// The file through which a process moves its own (only) thread into
@@ -44,10 +51,109 @@ pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// A group's directories, with the files used on every call kept open.
+/// Re-reading an open cgroup file at offset 0 regenerates its contents for
+/// a fraction of the CPU that opening, reading and closing it again costs
+/// (the path walk through cgroupfs, and the kernel's per-open state); a
+/// call reads four counters before its run and four after it, and the
+/// recycler checks every finished group for emptiness and resets it.
+/// Files are opened on first use, so only those a hierarchy uses are held,
+/// and closed with the group.
+#[derive(Debug)]
+pub(super) struct ControlFiles {
+    dirs: Vec<PathBuf>,
+    open: Mutex<Vec<OpenFile>>,
+}
+
+#[derive(Debug)]
+struct OpenFile {
+    dir: usize,
+    name: &'static str,
+    writable: bool,
+    file: fs::File,
+}
+
+impl ControlFiles {
+    fn new(dirs: Vec<PathBuf>) -> ControlFiles {
+        ControlFiles {
+            dirs,
+            open: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The group's directories, one per hierarchy.
+    pub(super) fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Runs `f` on file `name` in directory `dir`, opened for reading or
+    /// for writing, opening it on first use.
+    fn with<T>(
+        &self,
+        dir: usize,
+        name: &'static str,
+        writable: bool,
+        f: impl FnOnce(&fs::File) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = open
+            .iter()
+            .position(|o| o.dir == dir && o.name == name && o.writable == writable);
+        let at = match kept {
+            Some(at) => at,
+            None => {
+                let path = self
+                    .dirs
+                    .get(dir)
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?
+                    .join(name);
+                let file = fs::OpenOptions::new()
+                    .read(!writable)
+                    .write(writable)
+                    .open(path)?;
+                open.push(OpenFile {
+                    dir,
+                    name,
+                    writable,
+                    file,
+                });
+                open.len() - 1
+            }
+        };
+        f(&open[at].file)
+    }
+
+    /// The current contents of file `name` in directory `dir`, or `None`
+    /// where it cannot be read (the hierarchy lacks it, say).
+    pub(super) fn read(&self, dir: usize, name: &'static str) -> Option<String> {
+        // Counter files are a line or a few short ones.
+        let mut buf = [0u8; 4096];
+        let n = self
+            .with(dir, name, false, |f| f.read_at(&mut buf, 0))
+            .ok()?;
+        String::from_utf8(buf[..n].to_vec()).ok()
+    }
+
+    /// The file's contents as one number.
+    pub(super) fn number(&self, dir: usize, name: &'static str) -> Option<u64> {
+        self.read(dir, name)?.trim().parse().ok()
+    }
+
+    /// `key N` from a flat-keyed file.
+    pub(super) fn key(&self, dir: usize, name: &'static str, key: &str) -> Option<u64> {
+        flat_key(&self.read(dir, name)?, key)
+    }
+
+    /// Writes `value` to file `name` in directory `dir`.
+    pub(super) fn write(&self, dir: usize, name: &'static str, value: &str) -> io::Result<()> {
+        self.with(dir, name, true, |f| f.write_all_at(value.as_bytes(), 0))
+    }
+}
+
 /// One sandbox's group: a directory per hierarchy.
 #[derive(Debug)]
 pub(super) struct Group {
-    dirs: Vec<PathBuf>,
+    files: ControlFiles,
     /// Each directory's thread file, open for writing, where the hierarchy
     /// has one (cgroup v1's `tasks`). A single-threaded process that writes
     /// "0" there moves itself without the write lock on the kernel's
@@ -88,9 +194,12 @@ impl GroupPool {
                 for group in rx {
                     let Some(pool) = weak.upgrade() else { break };
                     if !pool.wait_empty(&group, Duration::from_secs(2)) {
-                        tracing::warn!("cgroup {:?} did not empty; discarding it", group.dirs);
+                        tracing::warn!(
+                            "cgroup {:?} did not empty; discarding it",
+                            group.files.dirs()
+                        );
                         pool.kill(&group);
-                    } else if pool.hierarchy.reusable(&group.dirs) {
+                    } else if pool.hierarchy.reusable(&group.files) {
                         pool.free.lock().unwrap().push(group);
                     } else {
                         pool.remove(&group);
@@ -174,14 +283,14 @@ impl GroupPool {
             }
         });
         Ok(Group {
-            dirs,
+            files: ControlFiles::new(dirs),
             joins,
             applied: None,
         })
     }
 
     pub(super) fn adopt(&self, g: &Group, pid: u32) -> io::Result<()> {
-        for dir in &g.dirs {
+        for dir in g.files.dirs() {
             write_file(&dir.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
@@ -195,18 +304,18 @@ impl GroupPool {
     pub(super) fn apply(&self, g: &mut Group, limits: &Limits) -> io::Result<()> {
         let wanted = (limits.memory_bytes, limits.pids, limits.cpu_millis);
         if g.applied != Some(wanted) {
-            self.hierarchy.apply(&g.dirs, limits)?;
+            self.hierarchy.apply(g.files.dirs(), limits)?;
             g.applied = Some(wanted);
         }
         Ok(())
     }
 
     pub(super) fn counters(&self, g: &Group) -> Counters {
-        self.hierarchy.counters(&g.dirs)
+        self.hierarchy.counters(&g.files)
     }
 
     pub(super) fn freeze(&self, g: &Group, frozen: bool) -> Option<io::Result<()>> {
-        self.hierarchy.freeze(&g.dirs, frozen)
+        self.hierarchy.freeze(g.files.dirs(), frozen)
     }
 
     pub(super) fn limits_cpu(&self) -> bool {
@@ -214,16 +323,17 @@ impl GroupPool {
     }
 
     fn remove(&self, g: &Group) {
-        for d in &g.dirs {
+        for d in g.files.dirs() {
             let _ = fs::remove_dir(d);
         }
     }
 
     pub(super) fn kill(&self, g: &Group) {
         // A frozen process dies only once thawed (cgroup v1).
-        let _ = self.hierarchy.freeze(&g.dirs, false);
-        if !self.hierarchy.kill_at_once(&g.dirs) {
-            for d in &g.dirs {
+        let dirs = g.files.dirs();
+        let _ = self.hierarchy.freeze(dirs, false);
+        if !self.hierarchy.kill_at_once(dirs) {
+            for d in dirs {
                 kill_pids_in(d);
             }
         }
@@ -240,7 +350,7 @@ impl GroupPool {
     fn wait_empty(&self, g: &Group, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         loop {
-            if g.dirs.iter().all(|d| procs(d).is_empty()) {
+            if !self.hierarchy.populated(&g.files) {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -251,22 +361,39 @@ impl GroupPool {
         }
     }
 
-    /// Removes every group and container (at shutdown).
+    /// Removes every group and container (at shutdown). Groups still on
+    /// their way back (sandboxes discarded just now, or still being
+    /// prepared) are emptied and removed too.
     pub(super) fn cleanup(&self) {
         *self.recycle.lock().unwrap() = None;
-        // Sandboxes still being prepared are in groups no lease returned yet.
+        // The recycler makes no more groups either.
+        self.target.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.free.lock().unwrap().clear();
         for c in self.hierarchy.containers() {
-            for g in subdirectories(&c) {
-                kill_pids_in(&g);
-            }
-        }
-        for g in self.free.lock().unwrap().drain(..) {
-            self.remove(&g);
-        }
-        for c in self.hierarchy.containers() {
-            let _ = fs::remove_dir(c);
+            remove_container(&c);
         }
     }
+}
+
+/// Kills what is left in a container's groups and removes them and it.
+pub(super) fn remove_container(container: &Path) {
+    let groups = subdirectories(container);
+    for g in &groups {
+        kill_pids_in(g);
+    }
+    for g in &groups {
+        // Busy while the killed processes finish exiting; any other error
+        // (a group of another user's daemon) will not go away.
+        for _ in 0..100 {
+            match fs::remove_dir(g) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => break,
+            }
+        }
+    }
+    let _ = fs::remove_dir(container);
 }
 
 pub(super) fn write_file(path: &Path, value: &str) -> io::Result<()> {
@@ -274,9 +401,9 @@ pub(super) fn write_file(path: &Path, value: &str) -> io::Result<()> {
     f.write_all(value.as_bytes())
 }
 
-/// Reads `key N` from a flat-keyed cgroup file.
-pub(super) fn read_key(path: &Path, key: &str) -> Option<u64> {
-    fs::read_to_string(path).ok()?.lines().find_map(|l| {
+/// `key N` from the text of a flat-keyed cgroup file.
+fn flat_key(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
     })
@@ -294,7 +421,7 @@ pub(super) fn subdirectories(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The processes in one cgroup directory.
-fn procs(group: &Path) -> Vec<i32> {
+pub(super) fn procs(group: &Path) -> Vec<i32> {
     fs::read_to_string(group.join("cgroup.procs"))
         .unwrap_or_default()
         .lines()
@@ -316,11 +443,31 @@ mod tests {
 
     #[test]
     fn reads_flat_keyed_files() {
+        let text = "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n";
+        assert_eq!(flat_key(text, "oom_kill"), Some(2));
+        assert_eq!(flat_key(text, "max"), Some(3));
+        assert_eq!(flat_key(text, "absent"), None);
+    }
+
+    /// A kept file is read afresh each time, not from what it held when
+    /// opened; one that cannot be opened reads as nothing.
+    #[test]
+    fn control_files_read_current_contents() {
         let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("memory.events");
-        fs::write(&f, "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n").unwrap();
-        assert_eq!(read_key(&f, "oom_kill"), Some(2));
-        assert_eq!(read_key(&f, "max"), Some(3));
-        assert_eq!(read_key(&f, "absent"), None);
+        let f = dir.path().join("pids.events");
+        fs::write(&f, "max 1\n").unwrap();
+        let files = ControlFiles::new(vec![dir.path().to_path_buf()]);
+        assert_eq!(files.key(0, "pids.events", "max"), Some(1));
+        fs::write(&f, "max 12\n").unwrap();
+        assert_eq!(files.key(0, "pids.events", "max"), Some(12));
+        fs::write(dir.path().join("pids.current"), "7\n").unwrap();
+        assert_eq!(files.number(0, "pids.current"), Some(7));
+        assert_eq!(files.number(0, "absent"), None);
+        assert_eq!(files.number(1, "pids.current"), None);
+        files.write(0, "pids.current", "0").unwrap();
+        assert_eq!(files.number(0, "pids.current"), Some(0));
+        assert!(files.write(0, "absent", "0").is_err());
+        // Each file once for reading, pids.current once more for writing.
+        assert_eq!(files.open.lock().unwrap().len(), 3);
     }
 }

@@ -64,6 +64,35 @@ pub struct Usage {
     pub peak_memory_bytes: Option<u64>,
 }
 
+/// The soft open-files limit the daemon raises its own to, where the hard
+/// limit allows (see [`raise_open_files_limit`]).
+const DAEMON_OPEN_FILES: u64 = 65_536;
+
+/// Raises this process's soft open-files limit to [`DAEMON_OPEN_FILES`]
+/// (or the hard limit, if lower). The daemon holds descriptors for every
+/// sandbox alive (its pipes and pidfd, a pooled cgroup's open control
+/// files), while the usual soft default, 1024, is kept low for programs
+/// that still use select(). Sandboxes are unaffected: their open-files
+/// limit is set on bubblewrap (see `rlimits.rs`).
+pub fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    let wanted = now
+        .maximum
+        .map_or(DAEMON_OPEN_FILES, |hard| hard.min(DAEMON_OPEN_FILES));
+    // `None` is unlimited.
+    if now.current.is_none_or(|soft| soft >= wanted) {
+        return;
+    }
+    let raised = rustix::process::Rlimit {
+        current: Some(wanted),
+        maximum: now.maximum,
+    };
+    if let Err(e) = setrlimit(Resource::Nofile, raised) {
+        tracing::debug!("cannot raise the open-files limit: {e}");
+    }
+}
+
 /// Decides and applies limits for every run of this daemon.
 #[derive(Debug)]
 pub struct Enforcer {
@@ -361,54 +390,126 @@ mod tests {
         lease.release();
     }
 
-    /// Where this host gives cgroup v1 (root here), a process that writes
-    /// "0" through the lease's descriptors before its exec is in the
-    /// sandbox's group in every hierarchy, and adopt moves nothing more.
-    #[test]
-    fn a_process_joins_its_v1_groups_itself() {
-        let e = Enforcer::detect();
-        if e.mechanism() != Mechanism::CgroupV1 {
-            eprintln!("skipped: limits here are {}", e.describe());
-            return;
-        }
-        let l = Limits::resolve(Default::default());
-        let mut lease = e.reserve().unwrap();
+    /// Runs the shell `script` in a process that joins the lease's groups
+    /// itself before its exec (as the sandbox's bubblewrap does), after it
+    /// prints its own /proc/self/cgroup with builtins (no fork, so even
+    /// with a process limit of 1). Returns whether it succeeded, and what
+    /// it printed.
+    fn run_joined(lease: &mut Lease, limits: &Limits, script: &str) -> (bool, String) {
         let joins = lease
-            .join_at_exec(&l)
+            .join_at_exec(limits)
             .unwrap()
             .expect("v1 groups have tasks files");
-        let mut sleep = std::process::Command::new("sleep");
-        sleep.arg("30");
+        lease.apply(limits).unwrap();
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "while read -r l; do echo \"$l\"; done < /proc/self/cgroup; {script}"
+            ))
+            .stdout(std::process::Stdio::piped());
         // SAFETY: between fork and exec the closure only writes to
         // descriptors opened before the fork; it does not allocate.
         unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut sleep, move || {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
                 for f in joins.iter() {
                     rustix::io::write(f, b"0")?;
                 }
                 Ok(())
             });
         }
-        let mut child = sleep.spawn().unwrap();
+        let child = cmd.spawn().unwrap();
         lease.adopt(child.id()).unwrap();
-        let memberships = std::fs::read_to_string(format!("/proc/{}/cgroup", child.id())).unwrap();
-        child.kill().unwrap();
-        child.wait().unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    /// The line of /proc/PID/cgroup text for `controller`'s hierarchy.
+    fn line_for<'a>(memberships: &'a str, controller: &str) -> &'a str {
+        memberships
+            .lines()
+            .find(|l| {
+                l.split(':')
+                    .nth(1)
+                    .is_some_and(|c| c.split(',').any(|c| c == controller))
+            })
+            .unwrap_or_else(|| panic!("no {controller} line in {memberships}"))
+    }
+
+    fn v1_enforcer() -> Option<Enforcer> {
+        let e = Enforcer::detect();
+        if e.mechanism() != Mechanism::CgroupV1 {
+            eprintln!("skipped: limits here are {}", e.describe());
+            e.cleanup();
+            return None;
+        }
+        Some(e)
+    }
+
+    /// Where this host gives cgroup v1 (root here), a process that writes
+    /// "0" through the lease's descriptors before its exec is in the
+    /// sandbox's group in every hierarchy, and adopt moves nothing more.
+    #[test]
+    fn a_process_joins_its_v1_groups_itself() {
+        let Some(e) = v1_enforcer() else { return };
+        let l = Limits::resolve(Default::default());
+        let mut lease = e.reserve().unwrap();
+        let (ok, memberships) = run_joined(&mut lease, &l, "true");
         lease.release();
         e.cleanup();
+        assert!(ok);
         for controller in ["memory", "pids"] {
-            let line = memberships
-                .lines()
-                .find(|l| {
-                    l.split(':')
-                        .nth(1)
-                        .is_some_and(|c| c.split(',').any(|c| c == controller))
-                })
-                .unwrap_or_else(|| panic!("no {controller} line in {memberships}"));
+            let line = line_for(&memberships, controller);
             assert!(
                 line.contains("/nix-sandbox-mcp-") && line.contains("/run-"),
                 "{line}"
             );
         }
+    }
+
+    /// A pooled v1 group that served a run which hit its process limit
+    /// serves the next one afresh: no limit reported as fired, and the CPU
+    /// counted from zero; its counters are read through files kept open.
+    #[test]
+    fn a_reused_v1_group_reports_only_its_own_run() {
+        let Some(e) = v1_enforcer() else { return };
+        let l = Limits::resolve(Default::default());
+        // The shell is the one process allowed: its fork fails at once and
+        // nothing is orphaned.
+        let one = Limits { pids: 1, ..l };
+        let mut first = e.reserve().unwrap();
+        let (ok, memberships) = run_joined(&mut first, &one, "true & wait");
+        assert!(!ok);
+        let (_, fired) = first.settle();
+        assert!(fired.pids, "{fired:?}");
+        first.release();
+        let group = line_for(&memberships, "memory").to_string();
+        // The recycler returns the group to the pool once it is empty; the
+        // pool hands out the group returned last, so the others stay held.
+        let mut others = Vec::new();
+        for _ in 0..100 {
+            let mut next = e.reserve().unwrap();
+            let (ok, memberships) = run_joined(&mut next, &l, "true & wait");
+            assert!(ok);
+            if line_for(&memberships, "memory") != group {
+                others.push(next);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            }
+            let (usage, fired) = next.settle();
+            next.release();
+            drop(others);
+            e.cleanup();
+            assert_eq!(fired, Fired::default());
+            assert!(usage.peak_memory_bytes.is_some(), "{usage:?}");
+            if let Some(cpu) = usage.cpu {
+                assert!(cpu < std::time::Duration::from_secs(1), "{usage:?}");
+            }
+            return;
+        }
+        e.cleanup();
+        panic!("the group {group} did not come back to the pool");
     }
 }
