@@ -470,8 +470,8 @@ mod tests {
     }
 
     /// A pooled v1 group that served a run which hit its process limit
-    /// serves the next one afresh: no limit reported as fired, and the CPU
-    /// counted from zero; its counters are read through files kept open.
+    /// serves the next one afresh: the earlier run's limit is not reported
+    /// again, and what the run used is read through the files kept open.
     #[test]
     fn a_reused_v1_group_reports_only_its_own_run() {
         let Some(e) = v1_enforcer() else { return };
