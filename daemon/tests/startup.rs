@@ -242,6 +242,64 @@ fn as_root_a_project_the_sandbox_cannot_read_is_refused_at_start() {
         e.contains("cannot read the project") && e.contains("chmod o+rx"),
         "{e}"
     );
+    // Refused after its limits were set up, the server leaves no cgroup.
+    let child = cli(&["--stdio"])
+        .env("PROJECT_DIR", dir.path())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert_eq!(cgroups_of(pid), Vec::<PathBuf>::new());
+}
+
+/// SIGTERM or SIGINT while the server starts or waits for the client's
+/// handshake ends it cleanly: exit 0, no cgroup and no runtime directory
+/// left (the signal's default action would kill it outright).
+#[test]
+fn a_signal_before_the_handshake_ends_the_server_cleanly() {
+    for (signal, after) in [
+        (rustix::process::Signal::TERM, Duration::from_millis(1500)),
+        (rustix::process::Signal::INT, Duration::from_millis(1500)),
+        (rustix::process::Signal::TERM, Duration::from_millis(200)),
+    ] {
+        // Its own TMPDIR, to see the runtime directory go; readable by
+        // the uid a root server runs sandboxes as.
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let mut child = cli(&["--stdio"])
+            .env("TMPDIR", tmp.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        std::thread::sleep(after);
+        rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal).unwrap();
+        let stdin = child.stdin.take();
+        let o = child.wait_with_output().unwrap();
+        drop(stdin);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{signal:?} after {after:?}: {}",
+            text(&o.stderr)
+        );
+        assert_eq!(cgroups_of(pid), Vec::<PathBuf>::new());
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{signal:?} after {after:?}: {left:?}");
+    }
 }
 
 /// The cgroups named for daemon `pid` (its containers, where it had

@@ -3,11 +3,53 @@
 
 use super::*;
 
+/// SIGINT and SIGTERM, listened for from the start: one that comes while
+/// the server starts or waits for the client's handshake ends it as
+/// cleanly as one that comes later (its cgroups and runtime directory
+/// removed), where the signal's default action would kill it outright.
+struct Signals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// Which signal came.
+    async fn received(&mut self) -> &'static str {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            _ = next(&mut self.interrupt) => "interrupted",
+            _ = next(&mut self.terminate) => "terminated",
+        }
+    }
+}
+
 pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     use rmcp::ServiceExt;
-    let app = match app::start(opts).await {
-        Ok(a) => a,
-        Err(e) => return fail(e),
+    let mut signals = Signals::listen();
+    let app = tokio::select! {
+        started = app::start(opts) => match started {
+            Ok(a) => a,
+            Err(e) => return fail(e),
+        },
+        quit = signals.received() => {
+            tracing::info!("{quit} while starting; nothing to shut down");
+            return ExitCode::SUCCESS;
+        }
     };
     let App {
         registry,
@@ -75,16 +117,22 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         }
     });
     let framed = crate::server::framing::stdio();
-    let service = match server.clone().serve(framed.transport).await {
-        Ok(s) => s,
-        Err(e) => return fail(format!("MCP initialization failed: {e}")),
-    };
-    let cancel = service.cancellation_token();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let quit = tokio::select! {
-        r = service.waiting() => format!("{r:?}"),
-        _ = tokio::signal::ctrl_c() => { cancel.cancel(); "interrupted".to_string() }
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => "terminated".to_string(),
+    let (quit, status) = tokio::select! {
+        served = server.clone().serve(framed.transport) => match served {
+            Ok(service) => {
+                let cancel = service.cancellation_token();
+                let quit = tokio::select! {
+                    r = service.waiting() => format!("{r:?}"),
+                    quit = signals.received() => { cancel.cancel(); quit.to_string() }
+                };
+                (quit, ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("nix-sandbox-mcp: MCP initialization failed: {e}");
+                ("no handshake".to_string(), ExitCode::from(1))
+            }
+        },
+        quit = signals.received() => (format!("{quit} before the client's handshake"), ExitCode::SUCCESS),
     };
     tracing::info!("shutting down ({quit}); killing runs in flight");
     shutdown.cancel();
@@ -95,5 +143,5 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
     executor.shutdown().await;
     // The last replies rmcp wrote are on their way to stdout.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), framed.writer).await;
-    ExitCode::SUCCESS
+    status
 }

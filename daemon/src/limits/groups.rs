@@ -375,6 +375,14 @@ impl GroupPool {
     }
 }
 
+/// A pool that goes away (a server that stops, or fails to start after its
+/// limits were set up) takes its groups and containers with it.
+impl Drop for GroupPool {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
 /// Kills what is left in a container's groups and removes them and it.
 pub(super) fn remove_container(container: &Path) {
     let groups = subdirectories(container);
