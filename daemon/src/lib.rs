@@ -10,7 +10,8 @@
 //! `sessions` (state across calls), `commands` (declared commands),
 //! `clients` (MCP clients' configuration), `network` (which hosts a sandbox
 //! may reach, and the proxy that holds it to that), `changes` (what a run
-//! changed in the project), `caches` (directories kept between calls).
+//! changed in the project), `caches` (directories kept between calls),
+//! `mountinfo` (the mount table).
 
 pub mod app;
 pub mod audit;
@@ -26,6 +27,7 @@ pub mod exec;
 pub mod jail;
 pub mod jobs;
 pub mod limits;
+mod mountinfo;
 pub mod network;
 pub mod platform;
 pub mod registry;

@@ -1,7 +1,8 @@
 //! What this host offers the sandbox, probed once at start-up: the bubblewrap
 //! binary and its features, the layout of the system directories, a prepared
-//! `/etc`, and the host identity bubblewrap runs as. Produces the jail's
-//! [`HostLayout`]; runs nothing inside a sandbox itself.
+//! `/etc`, and the host identity bubblewrap runs as. Owns the server's
+//! runtime directory, and removes those of servers that were killed.
+//! Produces the jail's [`HostLayout`]; runs nothing inside a sandbox itself.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -36,7 +37,18 @@ pub struct Platform {
     /// bubblewrap runs as): the file is bound into the sandbox read-only.
     code_dir: PathBuf,
     _runtime_dir: tempfile::TempDir,
+    /// Locked for the server's life: the runtime directory is in use.
+    _owner: Option<fs::File>,
 }
+
+/// Runtime directories are `$TMPDIR/nix-sandbox-mcp-*`.
+const RUNTIME_PREFIX: &str = "nix-sandbox-mcp-";
+
+/// The file in a runtime directory that its server holds an exclusive
+/// `flock` on while it lives. The lock goes with the server however it
+/// ends, so a directory whose lock can be taken was left by a server that
+/// was killed outright (SIGKILL, a crash) and is removed by the next one.
+const OWNER_LOCK: &str = "owner.lock";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlatformError {
@@ -80,10 +92,12 @@ impl Platform {
         let help = String::from_utf8_lossy(&help.stdout).into_owned()
             + &String::from_utf8_lossy(&help.stderr);
 
+        remove_stale_runtime_dirs(&std::env::temp_dir());
         let runtime_dir = tempfile::Builder::new()
-            .prefix("nix-sandbox-mcp-")
+            .prefix(RUNTIME_PREFIX)
             .tempdir()
             .map_err(PlatformError::RuntimeDir)?;
+        let owner = lock_owner(runtime_dir.path());
         let mut layout = probe_layout();
         layout.disable_userns = help.contains("--disable-userns");
         layout.add_seccomp_fd = help.contains("--add-seccomp-fd");
@@ -129,6 +143,7 @@ impl Platform {
             empty_dir,
             code_dir,
             _runtime_dir: runtime_dir,
+            _owner: owner,
         })
     }
 
@@ -148,6 +163,106 @@ impl Platform {
         }
         Ok(file)
     }
+}
+
+/// Takes the owner lock of a new runtime directory. The lock file gets its
+/// name only once locked, so no other server finds it unlocked; where the
+/// filesystem has no `flock`, there is none, and the directory is never
+/// taken for a killed server's.
+fn lock_owner(dir: &Path) -> Option<fs::File> {
+    use rustix::fs::{FlockOperation, flock};
+    let pending = dir.join(format!("{OWNER_LOCK}.new"));
+    let file = fs::File::create(&pending).ok()?;
+    let locked = flock(&file, FlockOperation::NonBlockingLockExclusive)
+        .map_err(std::io::Error::from)
+        .and_then(|()| fs::rename(&pending, dir.join(OWNER_LOCK)));
+    match locked {
+        Ok(()) => Some(file),
+        Err(e) => {
+            tracing::debug!("no owner lock in {}: {e}", dir.display());
+            let _ = fs::remove_file(&pending);
+            None
+        }
+    }
+}
+
+/// Removes the runtime directories in `parent` that killed servers of this
+/// uid left: those whose owner lock nobody holds, and with nothing mounted
+/// in them.
+fn remove_stale_runtime_dirs(parent: &Path) {
+    use rustix::fs::{FlockOperation, flock};
+    use std::os::unix::fs::MetadataExt;
+    let Ok(parent) = fs::canonicalize(parent) else {
+        return;
+    };
+    let Ok(entries) = fs::read_dir(&parent) else {
+        return;
+    };
+    let me = rustix::process::geteuid().as_raw();
+    let mut mount_points: Option<Vec<PathBuf>> = None;
+    for entry in entries.flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(RUNTIME_PREFIX)
+        {
+            continue;
+        }
+        let dir = entry.path();
+        let Ok(meta) = fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != me {
+            continue;
+        }
+        let Ok(lock) = fs::File::open(dir.join(OWNER_LOCK)) else {
+            continue;
+        };
+        // Held (by its server, alive) or not ours to take.
+        if flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
+            continue;
+        }
+        let points = mount_points.get_or_insert_with(|| {
+            crate::mountinfo::mounts()
+                .into_iter()
+                .map(|m| m.point)
+                .collect()
+        });
+        if points.iter().any(|p| p.starts_with(&dir)) {
+            tracing::warn!(
+                "{} was left by a killed server but has mounts in it; leaving it",
+                dir.display()
+            );
+            continue;
+        }
+        match remove_on_one_filesystem(&dir, meta.dev()) {
+            Ok(()) => tracing::debug!("removed {}, left by a killed server", dir.display()),
+            Err(e) => tracing::debug!("cannot remove {}: {e}", dir.display()),
+        }
+    }
+}
+
+/// Removes `dir` and what it holds, but nothing on another filesystem: a
+/// mount point in it stops the removal there.
+fn remove_on_one_filesystem(dir: &Path, device: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // Ours: let us list and empty directories that were made read-only.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        let meta = fs::symlink_metadata(&path)?;
+        if !meta.is_dir() {
+            fs::remove_file(&path)?;
+        } else if meta.dev() == device {
+            remove_on_one_filesystem(&path, device)?;
+        } else {
+            return Err(std::io::Error::other(format!(
+                "{} is a mount point",
+                path.display()
+            )));
+        }
+    }
+    fs::remove_dir(dir)
 }
 
 /// True when every directory from / down to `path` lets others in and list

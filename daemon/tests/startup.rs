@@ -360,3 +360,87 @@ fn a_client_that_leaves_at_once_gets_a_clean_shutdown() {
         assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
     }
 }
+
+/// A server that has answered the handshake and `tools/list` (so it has
+/// its runtime directory, cgroups and pool), with `TMPDIR` set to `tmp`.
+fn started_server(tmp: &Path) -> (std::process::Child, impl std::io::BufRead) {
+    let mut child = cli(&["--stdio"])
+        .env("TMPDIR", tmp)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let hello = concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        "\n"
+    );
+    let stdin = child.stdin.as_mut().unwrap();
+    stdin.write_all(hello.as_bytes()).unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains(r#""id":2"#) {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0);
+    }
+    (child, out)
+}
+
+/// The servers' runtime directories in `tmp`.
+fn runtime_dirs(tmp: &Path) -> Vec<std::ffi::OsString> {
+    let mut names: Vec<_> = std::fs::read_dir(tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("nix-sandbox-mcp-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// A server killed outright (SIGKILL) cannot clean up after itself; the
+/// next server of the same user removes the runtime directory and cgroups
+/// it left, and never those of a server that is alive.
+#[test]
+fn the_next_server_removes_what_a_killed_one_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (mut killed, _) = started_server(tmp.path());
+    let left = runtime_dirs(tmp.path());
+    assert_eq!(left.len(), 1, "{left:?}");
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert_eq!(runtime_dirs(tmp.path()), left);
+
+    let (mut alive, mut replies) = started_server(tmp.path());
+    let now = runtime_dirs(tmp.path());
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, left);
+    assert_eq!(cgroups_of(killed.id()), Vec::<PathBuf>::new());
+
+    // Another server's start leaves the live one's directory alone, and
+    // the live one still runs code.
+    let o = out(cli(&["envs"]).env("TMPDIR", tmp.path()));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(runtime_dirs(tmp.path()), now);
+    let run = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"run","arguments":{"env":"bash","code":"echo still-here"}}}"#;
+    let mut stdin = alive.stdin.take().unwrap();
+    writeln!(stdin, "{run}").unwrap();
+    let mut line = String::new();
+    while !line.contains(r#""id":3"#) {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut replies, &mut line).unwrap() > 0);
+    }
+    assert!(line.contains("still-here"), "{line}");
+    drop(stdin);
+    assert!(alive.wait().unwrap().success());
+    assert_eq!(runtime_dirs(tmp.path()), Vec::<std::ffi::OsString>::new());
+}

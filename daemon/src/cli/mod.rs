@@ -88,6 +88,9 @@ ENVIRONMENT
                        sets its own up (slower; for troubleshooting).
     XDG_CACHE_HOME     Where environments' caches are kept (default ~/.cache;
                        /var/cache for root): nix-sandbox-mcp/caches/.
+    TMPDIR             Where the server keeps its runtime directory,
+                       nix-sandbox-mcp-*, removed when it exits (default /tmp);
+                       one left by a killed server is removed by the next.
     RUST_LOG           Log filter, e.g. debug or nix_sandbox_mcp=trace (logs go to stderr).
                        The MCP messages themselves (arguments and confirmation
                        tokens included) are logged only when it names rmcp, as

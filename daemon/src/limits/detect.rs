@@ -10,6 +10,7 @@ use super::cgroup_v1::CgroupV1;
 use super::cgroup_v2::CgroupV2;
 use super::groups::{Hierarchy, remove_container, write_file};
 use super::systemd;
+use crate::mountinfo::{Mount, mounts};
 
 const CONTAINER_PREFIX: &str = "nix-sandbox-mcp-";
 
@@ -22,38 +23,6 @@ pub(super) fn hierarchy() -> Result<Box<dyn Hierarchy>, String> {
             Err(v1) => Err(format!("{v2}; {v1}")),
         },
     }
-}
-
-/// A mount from /proc/self/mountinfo.
-struct Mount {
-    root: String,
-    point: PathBuf,
-    fstype: String,
-    options: String,
-}
-
-fn mounts() -> Vec<Mount> {
-    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            let pre: Vec<&str> = pre.split(' ').collect();
-            let post: Vec<&str> = post.split(' ').collect();
-            Some(Mount {
-                root: unescape_mount(pre.get(3)?),
-                point: PathBuf::from(unescape_mount(pre.get(4)?)),
-                fstype: post.first()?.to_string(),
-                options: post.get(2).unwrap_or(&"").to_string(),
-            })
-        })
-        .collect()
-}
-
-fn unescape_mount(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
 }
 
 /// Our cgroup path in the hierarchy identified by `controller` ("" for v2).

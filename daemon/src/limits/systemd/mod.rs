@@ -352,33 +352,24 @@ fn own_cgroup_path(proc_cgroup: &str) -> Option<&str> {
 /// holds it.
 fn cgroup_v2_dir(proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
     let own = own_cgroup_path(proc_cgroup)?;
-    mountinfo.lines().find_map(|line| {
-        let (pre, post) = line.split_once(" - ")?;
-        if post.split(' ').next()? != "cgroup2" {
-            return None;
-        }
-        let mut fields = pre.split(' ').skip(3);
-        let root = unescape_mount(fields.next()?);
-        let point = PathBuf::from(unescape_mount(fields.next()?));
-        let rel = if root == "/" {
-            own
-        } else {
-            let rest = own.strip_prefix(root.as_str())?;
-            if !rest.is_empty() && !rest.starts_with('/') {
+    crate::mountinfo::parse(mountinfo)
+        .into_iter()
+        .find_map(|m| {
+            if m.fstype != "cgroup2" {
                 return None;
             }
-            rest
-        };
-        Some(point.join(rel.trim_start_matches('/')))
-    })
-}
-
-/// Undoes the octal escapes of /proc/self/mountinfo.
-fn unescape_mount(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
+            let (root, point) = (m.root, m.point);
+            let rel = if root == "/" {
+                own
+            } else {
+                let rest = own.strip_prefix(root.as_str())?;
+                if !rest.is_empty() && !rest.starts_with('/') {
+                    return None;
+                }
+                rest
+            };
+            Some(point.join(rel.trim_start_matches('/')))
+        })
 }
 
 /// The unit whose delegation only its manager can confirm: `dir` is a unit's
