@@ -265,21 +265,9 @@ fn a_signal_before_the_handshake_ends_the_server_cleanly() {
         (rustix::process::Signal::INT, Duration::from_millis(1500)),
         (rustix::process::Signal::TERM, Duration::from_millis(200)),
     ] {
-        // Its own TMPDIR, to see the runtime directory go; readable by
-        // the uid a root server runs sandboxes as.
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            tmp.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        let mut child = cli(&["--stdio"])
-            .env("TMPDIR", tmp.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        // Its own TMPDIR, to see the runtime directory go.
+        let tmp = server_tmpdir();
+        let mut child = stdio_server(cli(&["--stdio"]).env("TMPDIR", tmp.path()));
         let pid = child.id();
         std::thread::sleep(after);
         rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal).unwrap();
@@ -327,31 +315,50 @@ fn cgroups_of(pid: u32) -> Vec<PathBuf> {
     found
 }
 
+/// A client's handshake, then `tools/list` (id 2).
+const HELLO: &str = concat!(
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    "\n",
+    r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    "\n",
+    r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    "\n"
+);
+
+/// Starts the server with its standard streams piped.
+fn stdio_server(command: &mut std::process::Command) -> std::process::Child {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A directory for a server's TMPDIR, which a root server's sandboxes
+/// (another uid) can pass through.
+fn server_tmpdir() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    tmp
+}
+
 #[test]
 fn a_client_that_leaves_at_once_gets_a_clean_shutdown() {
     // Sandboxes are still being prepared when the connection closes, and
     // their groups on the way back to the pool: none may stay behind.
-    let hello = concat!(
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
-        "\n",
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        "\n",
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
-        "\n"
-    );
     for _ in 0..5 {
-        let mut child = cli(&["--stdio"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = stdio_server(&mut cli(&["--stdio"]));
         let pid = child.id();
         child
             .stdin
             .take()
             .unwrap()
-            .write_all(hello.as_bytes())
+            .write_all(HELLO.as_bytes())
             .unwrap();
         let o = child.wait_with_output().unwrap();
         assert!(o.status.success(), "{}", text(&o.stderr));
@@ -371,16 +378,8 @@ fn started_server(tmp: &Path) -> (std::process::Child, impl std::io::BufRead) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let hello = concat!(
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
-        "\n",
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        "\n",
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
-        "\n"
-    );
     let stdin = child.stdin.as_mut().unwrap();
-    stdin.write_all(hello.as_bytes()).unwrap();
+    stdin.write_all(HELLO.as_bytes()).unwrap();
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     while !line.contains(r#""id":2"#) {
@@ -407,12 +406,7 @@ fn runtime_dirs(tmp: &Path) -> Vec<std::ffi::OsString> {
 /// it left, and never those of a server that is alive.
 #[test]
 fn the_next_server_removes_what_a_killed_one_left() {
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let tmp = server_tmpdir();
     let (mut killed, _) = started_server(tmp.path());
     let left = runtime_dirs(tmp.path());
     assert_eq!(left.len(), 1, "{left:?}");
