@@ -91,4 +91,48 @@ mod tests {
         assert!(AwaitReady.reply(br#"{"ready": true}"#).is_some());
         assert!(AwaitReady.reply(br#"{"id": 1}"#).is_none());
     }
+
+    /// The bash agent is handed its two descriptors under whatever numbers
+    /// they have in the server (inherited as they are): it must work
+    /// whichever, the numbers it moves them to (203, 204) included.
+    #[test]
+    fn the_bash_agent_works_with_any_descriptor_numbers() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("agent.sh"), BASH_AGENT).unwrap();
+        // The agent's side opens requests, then replies, as FIFOs on the
+        // numbers given; this side writes one call and reads the replies.
+        let driver = r#"
+            rm -f requests replies && mkfifo requests replies
+            bash -c "exec $1<requests $2>replies; exec bash agent.sh $1 $2" &
+            exec 7>requests 8<replies
+            read -r ready <&8
+            printf '1 7\necho hi' >&7
+            read -r reply <&8
+            exec 7>&-
+            wait
+            echo "$ready $reply"
+        "#;
+        for (requests, replies) in [(203, 204), (204, 203), (204, 250), (150, 203), (5, 6)] {
+            // A broken agent would leave the FIFOs' other ends blocked.
+            let o = std::process::Command::new("timeout")
+                .args([
+                    "30",
+                    "bash",
+                    "-c",
+                    driver,
+                    "driver",
+                    &requests.to_string(),
+                    &replies.to_string(),
+                ])
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&o.stdout),
+                "hi\n{\"ready\":true} {\"id\":1,\"status\":0}\n",
+                "descriptors {requests} and {replies}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
 }

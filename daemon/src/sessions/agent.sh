@@ -6,9 +6,15 @@
 
 
 
-# Keep the protocol on descriptors scripts leave alone.
-exec 203<&"$1" 204>&"$2"
-[ "$1" = 203 ] || eval "exec $1<&- $2>&-"
+# Keep the protocol on descriptors scripts leave alone, 203 and 204. The
+# descriptors given may be any, 203 or 204 among them (either way round):
+# through fresh ones, so that closing those given closes no new one.
+if [ "$1" != 203 ] || [ "$2" != 204 ]; then
+  exec {__nsm_in}<&"$1" {__nsm_out}>&"$2"
+  eval "exec $1<&- $2>&-"
+  exec 203<&"$__nsm_in" 204>&"$__nsm_out" {__nsm_in}<&- {__nsm_out}>&-
+  unset __nsm_in __nsm_out
+fi
 
 # `exit` in the code ends this shell: report the call's status and replace
 # the shell with a fresh agent in the same sandbox (files and the working
