@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 /// One mount.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Mount {
     /// The path within its filesystem that is mounted (a bind's source).
     pub root: String,

@@ -107,10 +107,7 @@ impl Hierarchy for CgroupV1 {
     fn populated(&self, files: &ControlFiles) -> bool {
         match files.number(1, "pids.current") {
             Some(n) => n > 0,
-            None => files
-                .dirs()
-                .iter()
-                .any(|d| !super::groups::procs(d).is_empty()),
+            None => files.lists_processes(),
         }
     }
 

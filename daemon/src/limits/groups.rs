@@ -28,7 +28,7 @@ pub(super) trait Hierarchy: Send + Sync + std::fmt::Debug {
     /// Whether any process (a zombie included, where the hierarchy can tell)
     /// is still in the group.
     fn populated(&self, files: &ControlFiles) -> bool {
-        files.dirs().iter().any(|d| !procs(d).is_empty())
+        files.lists_processes()
     }
     /// Prepares an emptied group for another sandbox (resetting what it
     /// counted); false when the group cannot serve again.
@@ -84,6 +84,11 @@ impl ControlFiles {
     /// The group's directories, one per hierarchy.
     pub(super) fn dirs(&self) -> &[PathBuf] {
         &self.dirs
+    }
+
+    /// Whether the `cgroup.procs` of any of the directories lists a process.
+    pub(super) fn lists_processes(&self) -> bool {
+        self.dirs.iter().any(|d| !procs(d).is_empty())
     }
 
     /// Runs `f` on file `name` in directory `dir`, opened for reading or
@@ -429,7 +434,7 @@ pub(super) fn subdirectories(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The processes in one cgroup directory.
-pub(super) fn procs(group: &Path) -> Vec<i32> {
+fn procs(group: &Path) -> Vec<i32> {
     fs::read_to_string(group.join("cgroup.procs"))
         .unwrap_or_default()
         .lines()

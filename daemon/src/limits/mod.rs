@@ -442,7 +442,6 @@ mod tests {
         let e = Enforcer::detect();
         if e.mechanism() != Mechanism::CgroupV1 {
             eprintln!("skipped: limits here are {}", e.describe());
-            e.cleanup();
             return None;
         }
         Some(e)
@@ -458,7 +457,6 @@ mod tests {
         let mut lease = e.reserve().unwrap();
         let (ok, memberships) = run_joined(&mut lease, &l, "true");
         lease.release();
-        e.cleanup();
         assert!(ok);
         for controller in ["memory", "pids"] {
             let line = line_for(&memberships, controller);
@@ -500,8 +498,6 @@ mod tests {
             }
             let (usage, fired) = next.settle();
             next.release();
-            drop(others);
-            e.cleanup();
             assert_eq!(fired, Fired::default());
             assert!(usage.peak_memory_bytes.is_some(), "{usage:?}");
             if let Some(cpu) = usage.cpu {
@@ -509,7 +505,6 @@ mod tests {
             }
             return;
         }
-        e.cleanup();
         panic!("the group {group} did not come back to the pool");
     }
 }

@@ -358,17 +358,16 @@ fn cgroup_v2_dir(proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
             if m.fstype != "cgroup2" {
                 return None;
             }
-            let (root, point) = (m.root, m.point);
-            let rel = if root == "/" {
+            let rel = if m.root == "/" {
                 own
             } else {
-                let rest = own.strip_prefix(root.as_str())?;
+                let rest = own.strip_prefix(m.root.as_str())?;
                 if !rest.is_empty() && !rest.starts_with('/') {
                     return None;
                 }
                 rest
             };
-            Some(point.join(rel.trim_start_matches('/')))
+            Some(m.point.join(rel.trim_start_matches('/')))
         })
 }
 
