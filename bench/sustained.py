@@ -4,8 +4,11 @@ new one the moment one ends, so the server has no idle time to prepare the
 next sandbox ahead), against bare bubblewrap running the same program the
 same way, k at a time, in the same run.
 
-Rows, per k (default 1, 2, 4, 8), each for --seconds, interleaved over
---rounds:
+Rows, per k (default 1, 2, 4, 8), each for --seconds in each of --rounds
+rounds; within a round the rows of one k run back to back, in an order
+that is reversed every other round, so that a drift in the host's speed
+(other tenants, frequency) falls on every row alike rather than on the
+last one:
   bare bwrap    k threads, each starting bubblewrap (every namespace, /usr
                 read-only) back to back
   MCP run       k tools/call requests in flight on one server (limits on:
@@ -18,7 +21,10 @@ flight and as many sandboxes prepared ahead: on a machine with little
 memory the default budget (half of it) would otherwise hold fewer, and
 the rate measured would be the budget's (which queues calls beyond it, by
 design), not the sandboxes'. Any call that is not ok is counted by its
-error code and printed: under load there must be none.
+error code and printed: under load there must be none. The ratio is over
+all rounds; beside it, the lowest and highest of the rounds' own ratios
+(each against bare bubblewrap in the same round), which show how much of a
+difference between two rows is noise.
 
 Each row also shows the CPU time a call costs: all the machine's busy
 time during the row (/proc/stat, so the client's and the kernel's
@@ -29,7 +35,7 @@ Keep the machine otherwise idle.
 Run it as root and as a non-root user (without a delegated cgroup, the
 non-root server has rlimits only: the row that matters most to users).
 
-usage: bench/sustained.py [--bin target/release/nix-sandbox-mcp] [--seconds 5] [--rounds 2] [--env bash]
+usage: bench/sustained.py [--bin target/release/nix-sandbox-mcp] [--seconds 2] [--rounds 6] [--env bash]
 """
 
 from __future__ import annotations
@@ -112,8 +118,8 @@ SANDBOX_MEMORY_MB = 1024
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
-    ap.add_argument("--seconds", type=float, default=5)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=2)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--ks", default="1,2,4,8")
     ap.add_argument("--env", choices=sorted(PROGRAMS), default="bash")
     a = ap.parse_args()
@@ -138,34 +144,42 @@ def main() -> None:
         s.sustain(a.env, code, max(ks), 1)
     bare(str(script), interpreter, 1, 1)
 
+    rows = {"bare bwrap": lambda k: (bare(str(script), interpreter, k, a.seconds), {})}
+    for label, s in servers.items():
+        rows[label] = lambda k, s=s: s.sustain(a.env, code, k, a.seconds)
     done: dict[tuple[int, str], int] = collections.Counter()
     cpu: dict[tuple[int, str], float] = collections.Counter()
     failures: dict[tuple[int, str], collections.Counter] = collections.defaultdict(collections.Counter)
-    for _ in range(a.rounds):
+    round_ratios: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
+    for n in range(a.rounds):
+        order = list(rows) if n % 2 == 0 else list(reversed(rows))
         for k in ks:
-            before = busy_seconds()
-            done[(k, "bare bwrap")] += bare(str(script), interpreter, k, a.seconds)
-            cpu[(k, "bare bwrap")] += busy_seconds() - before
-            for label, s in servers.items():
+            this_round = {}
+            for label in order:
                 before = busy_seconds()
-                ok, failed = s.sustain(a.env, code, k, a.seconds)
+                ok, failed = rows[label](k)
                 cpu[(k, label)] += busy_seconds() - before
                 done[(k, label)] += ok
                 failures[(k, label)].update(failed)
+                this_round[label] = ok
+            for label in servers:
+                round_ratios[(k, label)].append(this_round[label] / max(this_round["bare bwrap"], 1))
     for s in servers.values():
         s.close()
     shutil.rmtree(work, ignore_errors=True)
 
     total = a.seconds * a.rounds
     print(f"{a.env}, {a.rounds} x {a.seconds:g} s per row, uid {os.getuid()}")
-    print(f"{'k':>2} {'path':24} {'calls/s':>9} {'÷ bare bwrap':>13} {'CPU ms a call':>14}  failed")
+    print(f"{'k':>2} {'path':24} {'calls/s':>9} {'÷ bare bwrap':>13} {'rounds':>11} {'CPU ms a call':>14}  failed")
     for k in ks:
         floor = done[(k, "bare bwrap")] / total
-        for label in ["bare bwrap", *servers]:
+        for label in rows:
             rate = done[(k, label)] / total
             failed = ", ".join(f"{code} x{n}" for code, n in failures[(k, label)].items()) or "-"
             per_call = cpu[(k, label)] / max(done[(k, label)], 1) * 1000
-            print(f"{k:>2} {label:24} {rate:9.1f} {rate / floor:13.2f} {per_call:14.2f}  {failed}")
+            spread = round_ratios.get((k, label))
+            spread_text = f"{min(spread):.2f}-{max(spread):.2f}" if spread else "-"
+            print(f"{k:>2} {label:24} {rate:9.1f} {rate / floor:13.2f} {spread_text:>11} {per_call:14.2f}  {failed}")
 
 
 if __name__ == "__main__":
