@@ -149,7 +149,10 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
     crate::limits::raise_open_files_limit();
     let enforcer = match std::env::var("NIX_SANDBOX_LIMITS").as_deref() {
         Err(_) | Ok("") | Ok("auto") => Enforcer::detect(),
-        Ok("rlimits") => Enforcer::rlimits_only("cgroups turned off by NIX_SANDBOX_LIMITS=rlimits"),
+        Ok("rlimits") => Enforcer::rlimits_only(
+            "cgroups turned off by NIX_SANDBOX_LIMITS=rlimits",
+            "unset NIX_SANDBOX_LIMITS (or set it to auto)",
+        ),
         Ok(other) => {
             return Err(StartError::Config(config::ConfigError::Env {
                 name: "NIX_SANDBOX_LIMITS",

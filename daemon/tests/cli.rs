@@ -260,6 +260,47 @@ fn doctor_warns_when_the_memory_budget_holds_fewer_sandboxes_than_may_run() {
     );
 }
 
+#[test]
+fn a_fallback_mechanism_comes_with_the_step_to_cgroup_v2() {
+    // Forced here, so that every host shows a fallback; on a host whose own
+    // fallback is v1 or rlimits, `detect` names the kernel's or the
+    // delegation's step instead (unit tests in limits/).
+    let forced = |args: &[&str]| out(cli(args).env("NIX_SANDBOX_LIMITS", "rlimits"));
+    let o = forced(&["envs"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let t = text(&o.stdout);
+    assert!(
+        t.contains("cgroup v2 is not used: cgroups turned off by NIX_SANDBOX_LIMITS=rlimits; to use it: unset NIX_SANDBOX_LIMITS"),
+        "{t}"
+    );
+    let o = forced(&["envs", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["limits_mechanism"], "rlimits");
+    assert!(
+        v["cgroup_v2_missing"]["step"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("unset NIX_SANDBOX_LIMITS")),
+        "{v}"
+    );
+    let o = forced(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let limits = doctor_check(&v, "limits");
+    assert_eq!(limits["status"], "warn", "{limits}");
+    assert!(
+        limits["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("for cgroup v2: unset NIX_SANDBOX_LIMITS")),
+        "{limits}"
+    );
+    // Unforced, the step is there exactly when the mechanism is a fallback.
+    let v = json_with("", "envs");
+    assert_eq!(
+        v["cgroup_v2_missing"].is_null(),
+        v["limits_mechanism"] == "cgroup v2",
+        "{v}"
+    );
+}
+
 /// The check named `name` in a `doctor --json` report.
 fn doctor_check(report: &serde_json::Value, name: &str) -> serde_json::Value {
     report["checks"]

@@ -474,7 +474,7 @@ async fn rlimit_fallback_still_bounds_memory_and_processes() {
     use nix_sandbox_mcp::limits::Enforcer;
     use nix_sandbox_mcp::platform::Platform;
     let platform = Platform::probe().unwrap();
-    let enforcer = Enforcer::rlimits_only("forced by the test");
+    let enforcer = Enforcer::rlimits_only("forced by the test", "do not force it");
     assert_eq!(enforcer.mechanism(), Mechanism::Rlimits);
     let bounds = Bounds {
         max_running: 2,

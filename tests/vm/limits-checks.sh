@@ -24,8 +24,10 @@ printf '[defaults]\nmemory_mb = 64\npids = 24\ntimeout_ms = 45000\ncpus = 0.25\n
 cgroup_checks() { # cgroup_checks LAUNCHER...: the daemon, started through LAUNCHER, gets a
   # cgroup v2 of its own and limits memory and processes with it
   local launch=("$@")
-  mechanism=$("${launch[@]}" "$bin" --config limits.toml envs --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["limits_mechanism"])')
-  check "limits are enforced with cgroup v2 (got: $mechanism)" test "$mechanism" = "cgroup v2"
+  mechanism=$("${launch[@]}" "$bin" --config limits.toml envs --json | python3 -c 'import json, sys
+v = json.load(sys.stdin)
+print(v["limits_mechanism"] + ("" if v["cgroup_v2_missing"] is None else " with a step to cgroup v2: " + v["cgroup_v2_missing"]["step"]))')
+  check "limits are enforced with cgroup v2, and no step to it is offered (got: $mechanism)" test "$mechanism" = "cgroup v2"
 
   "${launch[@]}" "$bin" --config limits.toml run -e python 'x = []
 while True: x.append(bytearray(16 << 20))' >out 2>err

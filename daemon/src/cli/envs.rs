@@ -42,6 +42,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             "limits_mechanism": app.executor.enforcer().mechanism().as_str(),
             "cpu_quota": app.executor.enforcer().limits_cpu(),
             "limits_detail": mechanism,
+            "cgroup_v2_missing": app.executor.enforcer().without_cgroup_v2().map(|w| serde_json::json!({"why": w.why, "step": w.step})),
             "project": app.project.as_ref().map(|p| serde_json::json!({"path": p.host_path, "mount_point": p.mount_point, "mode": p.access.name()})),
             "warnings": app.registry.warnings,
             "sources": app.registry.sources.iter().map(|(name, about)| serde_json::json!({"name": name, "about": about})).collect::<Vec<_>>(),
@@ -92,6 +93,13 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
             text += &command_text(offered);
         }
         let _ = writeln!(text, "limits enforced with: {mechanism}");
+        if let Some(w) = app.executor.enforcer().without_cgroup_v2() {
+            let _ = writeln!(
+                text,
+                "cgroup v2 is not used: {}; to use it: {}",
+                w.why, w.step
+            );
+        }
         match (&app.project, &app.project_note) {
             (Some(p), _) => {
                 let mode = p.access.name();

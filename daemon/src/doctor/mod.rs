@@ -282,11 +282,28 @@ fn check_limits(s: &State) -> Vec<Finding> {
         return Vec::new();
     };
     let enforcer = executor.enforcer();
-    vec![match enforcer.mechanism() {
-        Mechanism::Rlimits => Finding::warn(
+    let without_v2 = enforcer.without_cgroup_v2();
+    vec![match (enforcer.mechanism(), without_v2) {
+        (Mechanism::Rlimits, _) => Finding::warn(
             "limits",
             enforcer.describe(),
-            "memory and process limits are approximate without a cgroup. With systemd and cgroup v2, start the server in its own delegated scope: `systemd-run --user --scope -p Delegate=yes nix-sandbox-mcp --stdio`",
+            format!(
+                "memory and process limits are per process without a cgroup{}",
+                without_v2
+                    .map(|w| format!("; for cgroup v2: {}", w.step))
+                    .unwrap_or_default()
+            ),
+        ),
+        // cgroup v1 holds the limits; v2 is the better mechanism (one
+        // hierarchy, frozen sessions, cheaper sandboxes under load).
+        (Mechanism::CgroupV1, Some(w)) => Finding::ok(
+            "limits",
+            format!(
+                "{}. cgroup v2 is not used: {}; to use it: {}",
+                enforcer.describe(),
+                w.why,
+                w.step
+            ),
         ),
         _ => Finding::ok("limits", enforcer.describe()),
     }]

@@ -309,7 +309,7 @@ mod tests {
         };
         Recipe::new(
             &HostLayout::default(),
-            &Enforcer::rlimits_only("test"),
+            &Enforcer::rlimits_only("test", "unset it"),
             &SeccompCache::default(),
             Some((Path::new("/run/nsm/stage"), None)),
             views,

@@ -14,14 +14,43 @@ use crate::mountinfo::{Mount, mounts};
 
 const CONTAINER_PREFIX: &str = "nix-sandbox-mcp-";
 
-/// The best hierarchy available: cgroup v2, else v1, else why neither.
-pub(super) fn hierarchy() -> Result<Box<dyn Hierarchy>, String> {
+/// Why this daemon has no cgroup v2, and the step that would give it one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WithoutV2 {
+    pub why: String,
+    pub step: String,
+}
+
+/// What the host offers: the best hierarchy (cgroup v2, else v1) or why
+/// neither, and, unless it is v2, why not v2.
+pub(super) struct Detected {
+    pub(super) hierarchy: Result<Box<dyn Hierarchy>, String>,
+    pub(super) without_v2: Option<WithoutV2>,
+}
+
+pub(super) fn hierarchy() -> Detected {
     match detect_v2() {
-        Ok(h) => Ok(Box::new(h)),
-        Err(v2) => match detect_v1() {
-            Ok(h) => Ok(Box::new(h)),
-            Err(v1) => Err(format!("{v2}; {v1}")),
+        Ok(h) => Detected {
+            hierarchy: Ok(Box::new(h)),
+            without_v2: None,
         },
+        Err(v2) => Detected {
+            hierarchy: match detect_v1() {
+                Ok(h) => Ok(Box::new(h)),
+                Err(v1) => Err(format!("cgroup v2: {}; {v1}", v2.why)),
+            },
+            without_v2: Some(v2),
+        },
+    }
+}
+
+/// The step that puts the memory and pids controllers on cgroup v2, for a
+/// kernel that has them on v1 (or mounts no cgroup2 at all).
+fn kernel_step(systemd: bool) -> String {
+    if systemd {
+        "boot with cgroup v2 alone: add `systemd.unified_cgroup_hierarchy=1` to the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then `update-grub`) and reboot; systemd then gives the server a delegated cgroup by itself".to_string()
+    } else {
+        "boot with the controllers on cgroup v2 (kernel command line `cgroup_no_v1=all`) and mount cgroup2 on /sys/fs/cgroup; in a container, run it on a host that has cgroup v2. Then start the server as root, or in a cgroup delegated to its user".to_string()
     }
 }
 
@@ -83,22 +112,29 @@ fn remove_stale_containers(parent: &Path) {
     }
 }
 
-fn detect_v2() -> Result<CgroupV2, String> {
+fn detect_v2() -> Result<CgroupV2, WithoutV2> {
+    let kernel = |why: String| WithoutV2 {
+        why,
+        step: kernel_step(systemd::systemd_booted()),
+    };
     let mount = mounts()
         .into_iter()
         .find(|m| m.fstype == "cgroup2")
-        .ok_or("cgroup v2: not mounted")?;
+        .ok_or_else(|| kernel("not mounted".to_string()))?;
     // A hybrid host keeps the controllers on v1: nothing to delegate here.
     let offered = systemd::features(&mount.point);
     for c in ["memory", "pids"] {
         if !offered.has(c) {
-            return Err(format!(
-                "cgroup v2: the {c} controller is not on the unified hierarchy {} (it is bound to cgroup v1)",
+            return Err(kernel(format!(
+                "the {c} controller is not on the unified hierarchy {} (it is bound to cgroup v1)",
                 mount.point.display()
-            ));
+            )));
         }
     }
-    let delegated = systemd::delegated_cgroup().map_err(|e| format!("cgroup v2: {e}"))?;
+    let delegated = systemd::delegated_cgroup().map_err(|e| WithoutV2 {
+        why: e.to_string(),
+        step: e.step(),
+    })?;
     if let Some(unit) = &delegated.started {
         tracing::info!("systemd started {unit}, a delegated cgroup for the sandboxes' limits");
     }
@@ -106,41 +142,49 @@ fn detect_v2() -> Result<CgroupV2, String> {
     let features = systemd::features(&base);
     for c in ["memory", "pids"] {
         if !features.has(c) {
-            return Err(format!(
-                "cgroup v2: the {c} controller is not delegated to {}",
-                base.display()
-            ));
+            return Err(WithoutV2 {
+                why: format!("the {c} controller is not delegated to {}", base.display()),
+                step: systemd::controllers_step(),
+            });
         }
     }
+    set_up_v2(&mount.point, &base, &features).map_err(|why| WithoutV2 {
+        why,
+        step: systemd::delegation_step(),
+    })
+}
+
+/// Our leaf and container in the delegated group `base`, with the
+/// controllers enabled for the sandboxes' groups.
+fn set_up_v2(
+    hierarchy_root: &Path,
+    base: &Path,
+    features: &systemd::Features,
+) -> Result<CgroupV2, String> {
     // The "no internal processes" rule: controllers can only be enabled for
     // children once our own group holds no processes, so we move into a
     // leaf. The group is ours alone (delegation checked that), but the
     // hierarchy's root is exempt from the rule.
-    if base != mount.point {
+    if base != hierarchy_root {
         let leaf = base.join("daemon");
-        fs::create_dir_all(&leaf)
-            .map_err(|e| format!("cgroup v2: cannot create {}: {e}", leaf.display()))?;
+        fs::create_dir_all(&leaf).map_err(|e| format!("cannot create {}: {e}", leaf.display()))?;
         write_file(&leaf.join("cgroup.procs"), "0")
-            .map_err(|e| format!("cgroup v2: cannot move into {}: {e}", leaf.display()))?;
+            .map_err(|e| format!("cannot move into {}: {e}", leaf.display()))?;
     }
-    remove_stale_containers(&base);
+    remove_stale_containers(base);
     let controllers = if features.has("cpu") {
         "+memory +pids +cpu"
     } else {
         "+memory +pids"
     };
     let enable = |dir: &Path| {
-        write_file(&dir.join("cgroup.subtree_control"), controllers).map_err(|e| {
-            format!(
-                "cgroup v2: cannot enable {controllers} in {}: {e}",
-                dir.display()
-            )
-        })
+        write_file(&dir.join("cgroup.subtree_control"), controllers)
+            .map_err(|e| format!("cannot enable {controllers} in {}: {e}", dir.display()))
     };
-    enable(&base)?;
+    enable(base)?;
     let container = base.join(container_name());
     fs::create_dir_all(&container)
-        .map_err(|e| format!("cgroup v2: cannot create {}: {e}", container.display()))?;
+        .map_err(|e| format!("cannot create {}: {e}", container.display()))?;
     enable(&container).inspect_err(|_| {
         let _ = fs::remove_dir(&container);
     })?;
@@ -186,6 +230,20 @@ fn detect_v1() -> Result<CgroupV1, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn controllers_on_v1_call_for_a_boot_with_v2() {
+        let with_systemd = kernel_step(true);
+        assert!(
+            with_systemd.contains("systemd.unified_cgroup_hierarchy=1"),
+            "{with_systemd}"
+        );
+        let without = kernel_step(false);
+        assert!(
+            without.contains("cgroup_no_v1=all") && !without.contains("systemd"),
+            "{without}"
+        );
+    }
 
     #[test]
     fn maps_cgroup_paths_onto_mounts() {

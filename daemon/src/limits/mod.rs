@@ -18,6 +18,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use crate::environment::Limits;
+pub use detect::WithoutV2;
 use groups::{Group, GroupPool};
 pub use rlimits::Rlimit;
 
@@ -100,30 +101,49 @@ pub struct Enforcer {
     rlimits: rlimits::Policy,
     /// Why no cgroup is used, when none is.
     fallback_note: Option<String>,
+    /// Why cgroup v2 is not used and what would give it, when it is not.
+    without_v2: Option<WithoutV2>,
 }
 
 impl Enforcer {
     /// Probes the host. Never fails: the worst case is rlimits alone, with the
     /// reason kept for `doctor`.
     pub fn detect() -> Enforcer {
-        match detect::hierarchy() {
+        let detected = detect::hierarchy();
+        match detected.hierarchy {
             Ok(h) => Enforcer {
                 groups: Some(GroupPool::start(h)),
                 rlimits: rlimits::Policy::with_cgroups(),
                 fallback_note: None,
+                without_v2: detected.without_v2,
             },
-            Err(why) => Enforcer::rlimits_only(&why),
+            Err(why) => Enforcer::without_groups(why, detected.without_v2),
         }
     }
 
-    /// An enforcer that uses rlimits only (`NIX_SANDBOX_LIMITS=rlimits`, or
-    /// no usable cgroup).
-    pub fn rlimits_only(why: &str) -> Enforcer {
+    /// An enforcer that uses rlimits only, because `why`, where `step` would
+    /// give it cgroup v2 (`NIX_SANDBOX_LIMITS=rlimits`).
+    pub fn rlimits_only(why: &str, step: &str) -> Enforcer {
+        let without_v2 = WithoutV2 {
+            why: why.to_string(),
+            step: step.to_string(),
+        };
+        Enforcer::without_groups(why.to_string(), Some(without_v2))
+    }
+
+    fn without_groups(why: String, without_v2: Option<WithoutV2>) -> Enforcer {
         Enforcer {
             groups: None,
             rlimits: rlimits::Policy::without_cgroups(),
-            fallback_note: Some(why.to_string()),
+            fallback_note: Some(why),
+            without_v2,
         }
+    }
+
+    /// Why cgroup v2 is not used and the step that would give it, when the
+    /// mechanism is a fallback (cgroup v1 or rlimits).
+    pub fn without_cgroup_v2(&self) -> Option<&WithoutV2> {
+        self.without_v2.as_ref()
     }
 
     pub fn mechanism(&self) -> Mechanism {
@@ -378,7 +398,7 @@ mod tests {
 
     #[test]
     fn rlimit_mode_leases_hold_no_group() {
-        let e = Enforcer::rlimits_only("test");
+        let e = Enforcer::rlimits_only("test", "unset it");
         assert_eq!(e.mechanism(), Mechanism::Rlimits);
         assert!(e.describe().contains("test"));
         let l = Limits::resolve(Default::default());

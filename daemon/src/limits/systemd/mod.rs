@@ -23,6 +23,9 @@ use std::path::{Path, PathBuf};
 /// How to run the server so that systemd hands it a delegated cgroup itself.
 const RUN_IN_SCOPE: &str = "start the server in a delegated scope: `systemd-run --user --scope -p Delegate=yes nix-sandbox-mcp --stdio`";
 
+/// The same for root, from the system manager.
+const RUN_IN_SYSTEM_SCOPE: &str = "start the server in a delegated scope: `systemd-run --scope -p Delegate=yes nix-sandbox-mcp --stdio`";
+
 /// Why no delegated cgroup could be had. Each message says what failed and
 /// what would fix it.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +82,75 @@ pub enum ScopeError {
     },
     #[error("cannot start the thread that talks to systemd: {0}")]
     Thread(io::Error),
+}
+
+impl ScopeError {
+    /// The step that would give this process a delegated cgroup, for
+    /// `doctor` and `envs` (the message says what failed; this, what to do).
+    pub fn step(&self) -> String {
+        step_for(self, rustix::process::geteuid().as_raw())
+    }
+}
+
+fn step_for(error: &ScopeError, uid: u32) -> String {
+    match error {
+        ScopeError::NoCgroup2 => "mount the cgroup2 hierarchy that holds this process (in a container: give it a cgroup namespace of its own, as `docker run --cgroupns=private` does, so that its /sys/fs/cgroup is its own group)".to_string(),
+        ScopeError::NotDelegated { .. } | ScopeError::NoSystemd => delegate_without_systemd(uid),
+        ScopeError::NoBus { fix, .. } => fix.clone(),
+        ScopeError::Refused { fix, .. } if !fix.is_empty() => {
+            fix.trim_start_matches("; ").to_string()
+        }
+        ScopeError::Refused { manager, .. }
+        | ScopeError::Timeout { manager, .. }
+        | ScopeError::JobFailed { manager, .. }
+        | ScopeError::NotMoved { manager, .. }
+        | ScopeError::Bus { manager, .. } => run_in_scope(*manager).to_string(),
+        ScopeError::Thread(_) => run_in_scope(Manager::for_uid(uid)).to_string(),
+    }
+}
+
+fn run_in_scope(manager: Manager) -> &'static str {
+    match manager {
+        Manager::User => RUN_IN_SCOPE,
+        Manager::System => RUN_IN_SYSTEM_SCOPE,
+    }
+}
+
+/// Without systemd, root makes the cgroup; for another user, root delegates
+/// one to it (chown, as the kernel's cgroup v2 documentation describes) and
+/// moves the user's shell into it, since only a writer of both groups'
+/// common ancestor may move a process between them.
+fn delegate_without_systemd(uid: u32) -> String {
+    if uid == 0 {
+        return "start the server from a shell in an empty cgroup of its own, with /sys/fs/cgroup mounted read-write: `mkdir /sys/fs/cgroup/nix-sandbox-mcp && echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control && echo $$ > /sys/fs/cgroup/nix-sandbox-mcp/cgroup.procs`".to_string();
+    }
+    let dir = format!("/sys/fs/cgroup/nix-sandbox-mcp-{uid}");
+    format!(
+        "have root delegate a cgroup to uid {uid}: `mkdir {dir} && chown {uid} {dir} {dir}/cgroup.procs {dir}/cgroup.subtree_control {dir}/cgroup.threads`, enable the controllers for it (`echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control`) and move the user's shell there (`echo <shell's pid> > {dir}/cgroup.procs`); then start the server from that shell"
+    )
+}
+
+/// The step that would give this process's cgroup the memory and pids
+/// controllers it lacks.
+pub fn controllers_step() -> String {
+    let uid = rustix::process::geteuid().as_raw();
+    match (systemd_booted(), uid) {
+        (true, 0) => "give the unit that runs the server `Delegate=yes`, or start it with `systemd-run --scope -p Delegate=yes nix-sandbox-mcp --stdio`".to_string(),
+        (true, _) => "have systemd delegate them to users' managers: `sudo systemctl edit user@.service`, add `[Service]` and `Delegate=memory pids cpu`, then log out and in again".to_string(),
+        (false, uid) => delegate_without_systemd(uid),
+    }
+}
+
+/// The step that would give this process a delegated cgroup when one it was
+/// given turns out unusable (a group it cannot make, enter or enable
+/// controllers in).
+pub fn delegation_step() -> String {
+    let uid = rustix::process::geteuid().as_raw();
+    if systemd_booted() {
+        run_in_scope(Manager::for_uid(uid)).to_string()
+    } else {
+        delegate_without_systemd(uid)
+    }
 }
 
 /// The systemd instance asked for a scope: the user's own manager for an
@@ -286,7 +358,7 @@ fn check_delegated_as(dir: &Path, uid: u32, systemd: bool, pid: u32) -> Result<(
     for path in [dir, &procs, &subtree] {
         let meta = fs::metadata(path).map_err(|e| refuse(format!("{}: {e}", path.display())))?;
         if meta.uid() != uid {
-            let fix = if uid == 0 {
+            let fix = if uid == 0 || !systemd {
                 String::new()
             } else {
                 format!("; {RUN_IN_SCOPE}")

@@ -332,3 +332,77 @@ fn a_leftover_unit_of_the_same_name_is_reset_and_tried_again() {
         ]
     );
 }
+
+#[test]
+fn each_refusal_names_a_step_that_fits_it() {
+    let unit = "nix-sandbox-mcp-1.scope".to_string();
+    // Without systemd: root makes its own group, a user is given one.
+    let root = step_for(&ScopeError::NoSystemd, 0);
+    assert!(
+        root.contains("mkdir /sys/fs/cgroup/nix-sandbox-mcp")
+            && root.contains("cgroup.subtree_control")
+            && !root.contains("systemd-run"),
+        "{root}"
+    );
+    let user = step_for(&ScopeError::NoSystemd, 1001);
+    assert!(
+        user.contains("chown 1001 /sys/fs/cgroup/nix-sandbox-mcp-1001 ")
+            && user.contains("/sys/fs/cgroup/nix-sandbox-mcp-1001/cgroup.procs")
+            && !user.contains("systemd-run"),
+        "{user}"
+    );
+    let not_delegated = ScopeError::NotDelegated {
+        dir: "/sys/fs/cgroup/x".into(),
+        why: "shared".into(),
+    };
+    assert_eq!(step_for(&not_delegated, 1001), user);
+    // A fix the refusal already found is the step.
+    let no_bus = ScopeError::NoBus {
+        manager: Manager::User,
+        tried: "nothing".into(),
+        fix: "log in".into(),
+    };
+    assert_eq!(step_for(&no_bus, 1001), "log in");
+    let refused = ScopeError::Refused {
+        manager: Manager::User,
+        unit: unit.clone(),
+        error: "denied".into(),
+        fix: "; the manager does not let this user start units",
+    };
+    assert_eq!(
+        step_for(&refused, 1001),
+        "the manager does not let this user start units"
+    );
+    // Otherwise: run the server in a scope of the manager that was asked.
+    for (manager, uid, asked) in [
+        (
+            Manager::User,
+            1001,
+            "systemd-run --user --scope -p Delegate=yes",
+        ),
+        (Manager::System, 0, "systemd-run --scope -p Delegate=yes"),
+    ] {
+        let timeout = ScopeError::Timeout {
+            manager,
+            unit: unit.clone(),
+        };
+        assert!(step_for(&timeout, uid).contains(asked), "{manager}");
+        let refused = ScopeError::Refused {
+            manager,
+            unit: unit.clone(),
+            error: "no".into(),
+            fix: "",
+        };
+        assert!(step_for(&refused, uid).contains(asked), "{manager}");
+    }
+    assert!(step_for(&ScopeError::NoCgroup2, 1001).contains("--cgroupns=private"));
+}
+
+#[test]
+fn without_systemd_a_group_of_someone_elses_does_not_point_at_systemd_run() {
+    let dir = fake_cgroup("42\n");
+    let owner = fs::metadata(dir.path()).unwrap().uid();
+    let why = why(check_delegated_as(dir.path(), owner + 1, false, 42));
+    assert!(why.contains(&format!("belongs to uid {owner}")), "{why}");
+    assert!(!why.contains("systemd-run"), "{why}");
+}
