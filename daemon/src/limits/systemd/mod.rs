@@ -119,12 +119,14 @@ fn run_in_scope(manager: Manager) -> &'static str {
 /// Without systemd, root makes the cgroup; for another user, root delegates
 /// one to it (chown, as the kernel's cgroup v2 documentation describes) and
 /// moves the user's shell into it, since only a writer of both groups'
-/// common ancestor may move a process between them.
+/// common ancestor may move a process between them. The names are not of
+/// the form of the daemon's own containers (`nix-sandbox-mcp-<pid>-<n>`),
+/// which a daemon removes when their pid is gone.
 fn delegate_without_systemd(uid: u32) -> String {
     if uid == 0 {
         return "start the server from a shell in an empty cgroup of its own, with /sys/fs/cgroup mounted read-write: `mkdir /sys/fs/cgroup/nix-sandbox-mcp && echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control && echo $$ > /sys/fs/cgroup/nix-sandbox-mcp/cgroup.procs`".to_string();
     }
-    let dir = format!("/sys/fs/cgroup/nix-sandbox-mcp-{uid}");
+    let dir = format!("/sys/fs/cgroup/nix-sandbox-mcp.user-{uid}");
     format!(
         "have root delegate a cgroup to uid {uid}: `mkdir {dir} && chown {uid} {dir} {dir}/cgroup.procs {dir}/cgroup.subtree_control {dir}/cgroup.threads`, enable the controllers for it (`echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control`) and move the user's shell there (`echo <shell's pid> > {dir}/cgroup.procs`); then start the server from that shell"
     )

@@ -346,8 +346,8 @@ fn each_refusal_names_a_step_that_fits_it() {
     );
     let user = step_for(&ScopeError::NoSystemd, 1001);
     assert!(
-        user.contains("chown 1001 /sys/fs/cgroup/nix-sandbox-mcp-1001 ")
-            && user.contains("/sys/fs/cgroup/nix-sandbox-mcp-1001/cgroup.procs")
+        user.contains("chown 1001 /sys/fs/cgroup/nix-sandbox-mcp.user-1001 ")
+            && user.contains("/sys/fs/cgroup/nix-sandbox-mcp.user-1001/cgroup.procs")
             && !user.contains("systemd-run"),
         "{user}"
     );
