@@ -179,6 +179,10 @@ enum Command {
     /// List the environments (name, description, source, interpreter,
     /// limits) and the declared commands offered as tools
     ///
+    /// Also says what enforces the limits (cgroup v2, cgroup v1 or
+    /// rlimits) and, when it is not cgroup v2, why not and the step that
+    /// would give it on this host (`cgroup_v2_missing` in --json).
+    ///
     /// Exits 1, as `--stdio` would refuse to start, when a declared command
     /// is invalid (each problem named with its file, line and fix).
     Envs {
@@ -211,7 +215,8 @@ enum Command {
     /// network, a read-only root, rlimits), what this binary's probe could
     /// not do in test sandboxes (calls the seccomp filter refuses, processes
     /// past a limit of 16, memory past a limit of 48 MiB), the nest, the
-    /// limit mechanism, the project directory, each environment (started
+    /// limit mechanism (with the step to cgroup v2 when it is a fallback),
+    /// the project directory, each environment (started
     /// once in its sandbox), the declared commands, and the README's first
     /// example (`run -e python 'print(6 * 7)'`). Each problem comes with a
     /// fix. Exits 1 when a check failed.
