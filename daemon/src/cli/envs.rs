@@ -94,11 +94,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
         }
         let _ = writeln!(text, "limits enforced with: {mechanism}");
         if let Some(w) = app.executor.enforcer().without_cgroup_v2() {
-            let _ = writeln!(
-                text,
-                "cgroup v2 is not used: {}; to use it: {}",
-                w.why, w.step
-            );
+            let _ = writeln!(text, "{w}");
         }
         match (&app.project, &app.project_note) {
             (Some(p), _) => {

@@ -296,15 +296,9 @@ fn check_limits(s: &State) -> Vec<Finding> {
         ),
         // cgroup v1 holds the limits; v2 is the better mechanism (one
         // hierarchy, frozen sessions, cheaper sandboxes under load).
-        (Mechanism::CgroupV1, Some(w)) => Finding::ok(
-            "limits",
-            format!(
-                "{}. cgroup v2 is not used: {}; to use it: {}",
-                enforcer.describe(),
-                w.why,
-                w.step
-            ),
-        ),
+        (Mechanism::CgroupV1, Some(w)) => {
+            Finding::ok("limits", format!("{}. {w}", enforcer.describe()))
+        }
         _ => Finding::ok("limits", enforcer.describe()),
     }]
 }

@@ -21,6 +21,17 @@ pub struct WithoutV2 {
     pub step: String,
 }
 
+/// The sentence `doctor` and `envs` show.
+impl std::fmt::Display for WithoutV2 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cgroup v2 is not used: {}; to use it: {}",
+            self.why, self.step
+        )
+    }
+}
+
 /// What the host offers: the best hierarchy (cgroup v2, else v1) or why
 /// neither, and, unless it is v2, why not v2.
 pub(super) struct Detected {
