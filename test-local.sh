@@ -47,10 +47,10 @@ fi
 # limits then fall back to rlimits. Run the load, hostile and session suites
 # that way too (as root, in a throwaway user).
 if [ "$(id -u)" = 0 ]; then
-  step "MCP client suite as a non-root user (basics, load, hostile code, sessions, network, project, builds and caches, roots, closures, pre-started interpreters)"
+  step "MCP client suite as a non-root user (basics, load, hostile code and projects, sessions, network, project, builds and caches, roots, closures, pre-started interpreters)"
   user=nsm-tester
   id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
-  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest test_basic.py test_load.py test_hostile.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py"
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest test_basic.py test_load.py test_hostile.py test_hostile_project.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py"
 else
   step "non-root tier: this run already is one (uid $(id -u))"
 fi

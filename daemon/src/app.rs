@@ -234,10 +234,21 @@ fn commands_setup<'a>(
         .chain(registry.aliases().keys().cloned())
         .chain(registry.building.iter().filter_map(|b| b.name.clone()))
         .collect();
+    let ceilings = registry
+        .names()
+        .into_iter()
+        .chain(registry.aliases().keys().map(String::as_str))
+        .filter_map(|n| {
+            let env = registry.get(n)?;
+            Some((n.to_string(), crate::commands::trust::Ceiling::of(env)))
+        })
+        .collect();
     crate::commands::Setup {
         declared: &config.commands,
         config_file: config.file.as_deref(),
         envs,
+        ceilings,
+        grants: config.project.grants.clone(),
         project,
     }
 }
@@ -385,7 +396,7 @@ pub fn resolve_project(
 
 /// The project mount for `path` under the configuration's `[project]`
 /// settings, or why there is none. A configured path must be usable; any
-/// other is skipped with the reason, and never / or the user's home.
+/// other is skipped with the reason, and never one [`not_a_project`] refuses.
 pub fn project_at(
     config: &Config,
     path: &Path,
@@ -418,17 +429,12 @@ pub fn project_at(
             ));
         }
     };
-    if !explicit {
-        let home = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .and_then(|h| std::fs::canonicalize(h).ok());
-        if real == Path::new("/") || home.as_deref() == Some(real.as_path()) {
-            return skipped(format!(
-                "{} {} is / or your home directory; set PROJECT_DIR or [project] path to mount one",
-                origin.describe(),
-                real.display()
-            ));
-        }
+    if !explicit && let Some(why) = not_a_project(&real, &homes()) {
+        return skipped(format!(
+            "{} {} is {why}, not a project; set PROJECT_DIR or [project] path to mount one",
+            origin.describe(),
+            real.display()
+        ));
     }
     if rustix::process::geteuid().is_root() && !crate::platform::world_readable_dir(&real) {
         let message = format!(
@@ -456,6 +462,82 @@ pub fn project_at(
         }),
         None,
     ))
+}
+
+/// Top-level directories of the system: never a project themselves.
+const SYSTEM_DIRS: &[&str] = &[
+    "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+    "/mnt", "/nix", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
+    "/var",
+];
+/// System directories no part of which is a project.
+const SYSTEM_TREES: &[&str] = &[
+    "/boot",
+    "/dev",
+    "/etc",
+    "/proc",
+    "/run",
+    "/sys",
+    "/nix/store",
+];
+
+/// The home directories of this machine's users (resolved): the server's
+/// user's first, then those /etc/passwd names.
+fn homes() -> Vec<PathBuf> {
+    let mine = std::env::var_os("HOME").map(PathBuf::from);
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let listed = passwd
+        .lines()
+        .filter_map(|l| l.split(':').nth(5))
+        .filter(|h| h.len() > 1)
+        .map(PathBuf::from);
+    let mut homes: Vec<PathBuf> = mine
+        .into_iter()
+        .chain(listed)
+        .filter_map(|h| std::fs::canonicalize(h).ok())
+        .filter(|h| h != Path::new("/"))
+        .collect();
+    homes.dedup();
+    homes
+}
+
+/// Why the directory `real` (resolved) is not a project a client's root
+/// or the working directory may name: `/`, a system directory or one
+/// inside /etc, /proc and the like, a home directory, a directory holding
+/// one, or one under a home's dot-directories (`~/.ssh`, `~/.config`).
+pub fn not_a_project(real: &Path, homes: &[PathBuf]) -> Option<String> {
+    if real == Path::new("/") {
+        return Some("the root directory".to_string());
+    }
+    if SYSTEM_DIRS.iter().any(|d| real == Path::new(d)) {
+        return Some("a system directory".to_string());
+    }
+    if let Some(tree) = SYSTEM_TREES.iter().find(|t| real.starts_with(t)) {
+        return Some(format!("inside the system directory {tree}"));
+    }
+    for home in homes {
+        if real == home {
+            return Some("a home directory".to_string());
+        }
+        if home.starts_with(real) {
+            return Some(format!(
+                "a directory holding the home directory {}",
+                home.display()
+            ));
+        }
+        if let Ok(rest) = real.strip_prefix(home)
+            && rest
+                .iter()
+                .next()
+                .is_some_and(|c| c.to_string_lossy().starts_with('.'))
+        {
+            return Some(format!(
+                "in the home directory's {} (configuration and credentials)",
+                home.join(rest.iter().next().unwrap_or_default()).display()
+            ));
+        }
+    }
+    None
 }
 
 /// The built-in protected paths and the configuration's.
@@ -526,5 +608,53 @@ impl Prober for ExecProber {
                 })
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots_that_are_not_a_project_are_told_apart() {
+        let homes = [PathBuf::from("/home/u"), PathBuf::from("/root")];
+        let why = |p: &str| not_a_project(Path::new(p), &homes);
+        for refused in [
+            "/",
+            "/home",
+            "/home/u",
+            "/root",
+            "/etc",
+            "/etc/nginx",
+            "/usr",
+            "/var",
+            "/proc/1",
+            "/sys",
+            "/dev",
+            "/boot",
+            "/run",
+            "/run/user/1000",
+            "/home/u/.ssh",
+            "/home/u/.config/app",
+            "/root/.cache",
+            "/nix/store/abc-x",
+            "/tmp",
+        ] {
+            assert!(why(refused).is_some(), "{refused} was taken for a project");
+        }
+        for project in [
+            "/home/u/src/app",
+            "/root/app",
+            "/usr/src/app",
+            "/var/www/site",
+            "/srv/repo",
+            "/workspace",
+            "/tmp/nsm-test-1/project",
+            "/opt/app",
+            "/home/u/src/.hidden-ok",
+        ] {
+            assert_eq!(why(project), None, "{project} was refused");
+        }
+        assert!(why("/home/u/.ssh").unwrap().contains(".ssh"));
     }
 }

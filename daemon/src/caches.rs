@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 use crate::environment::Environment;
 use crate::jail::{CacheMount, WORKSPACE};
+use crate::sync::Recover;
 
 /// An environment's caches hold at most this much by default (1 GiB).
 pub const DEFAULT_BYTES: u64 = 1 << 30;
@@ -188,7 +189,12 @@ impl Caches {
             let at = match (&self.project, in_project) {
                 (_, false) => cache.in_sandbox(WORKSPACE, ""),
                 (Some(p), true) => {
-                    let there = p.host_path.join(cache.0.trim_end_matches('/'));
+                    let rel = cache.0.trim_end_matches('/');
+                    if let Err(why) = real_directories(&p.host_path, rel) {
+                        self.skip_once(&env.name, &cache.0, &why);
+                        continue;
+                    }
+                    let there = p.host_path.join(rel);
                     if !(there.is_dir() || p.writable && self.may_create_in(&there)) {
                         self.skip_once(
                             &env.name,
@@ -283,7 +289,7 @@ impl Caches {
 impl Trimmer {
     fn touch(&self, env_dir: PathBuf, bound: u64) {
         let now = Instant::now();
-        let mut active = self.active.lock().unwrap();
+        let mut active = self.active.lock().recover();
         let watched = active.entry(env_dir).or_insert(Watched {
             bound,
             used: now,
@@ -297,7 +303,7 @@ impl Trimmer {
     }
 
     fn run(&self) {
-        let mut active = self.active.lock().unwrap();
+        let mut active = self.active.lock().recover();
         loop {
             active.retain(|_, w| w.used.elapsed() < ACTIVE_FOR);
             let now = Instant::now();
@@ -320,47 +326,71 @@ impl Trimmer {
                     Err(e) => tracing::warn!("cannot trim cache {}: {e}", dir.display()),
                 }
             }
-            active = self.active.lock().unwrap();
+            active = self.active.lock().recover();
             let wait = active
                 .values()
                 .map(Watched::due_in)
                 .min()
                 .unwrap_or(CHECK_EVERY)
                 .max(Duration::from_millis(10));
-            active = self.wake.wait_timeout(active, wait).unwrap().0;
+            active = self.wake.wait_timeout(active, wait).recover().0;
         }
     }
 }
 
-/// A file in a cache: its path (components from the environment's
-/// directory), its size on disk and when it last changed.
+/// A file in a cache: its path (relative to the environment's directory),
+/// its size on disk and when it last changed.
 struct CachedFile {
-    path: Vec<std::ffi::OsString>,
+    path: PathBuf,
     bytes: u64,
     mtime: i64,
 }
 
-/// Stops a walk of a hostile tree from taking the server's memory.
+/// Stops a walk of a hostile tree from taking the server's memory: files
+/// listed, and bytes of their paths.
 const MAX_FILES: usize = 1 << 20;
+const MAX_PATH_BYTES: usize = 64 << 20;
+/// Deepest directory walked, below the environment's directory; a deeper
+/// one is a sandbox's doing (no package manager nests so), and is removed
+/// whole when the caches are trimmed.
+const MAX_DEPTH: usize = 64;
 
 /// Removes the oldest files under `dir` until what it holds is within
-/// `TRIM_TO_PERCENT` of `bound`, when it holds more than `bound`. Returns
-/// how many files were removed.
+/// `TRIM_TO_PERCENT` of `bound`, when it holds more than `bound`, and any
+/// directory deeper than [`MAX_DEPTH`]. Returns how many files and
+/// directories were removed.
 pub fn trim(dir: &Path, bound: u64) -> std::io::Result<usize> {
     let root = match open_dir(rustix::fs::CWD, dir) {
         Ok(fd) => fd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(e),
     };
-    let mut files = Vec::new();
-    walk(&root, &mut Vec::new(), &mut files)?;
+    let Walked {
+        mut files,
+        too_deep,
+    } = walk(&root)?;
+    let mut removed = 0;
+    for deep in &too_deep {
+        match remove_deep(&root, deep) {
+            Ok(()) => {
+                tracing::warn!(
+                    "removed a directory deeper than {MAX_DEPTH} levels from cache {}",
+                    dir.display()
+                );
+                removed += 1;
+            }
+            Err(e) => tracing::warn!(
+                "cannot remove a directory deeper than {MAX_DEPTH} levels from cache {}: {e}",
+                dir.display()
+            ),
+        }
+    }
     let mut total: u64 = files.iter().map(|f| f.bytes).sum();
     if total <= bound {
-        return Ok(0);
+        return Ok(removed);
     }
     let target = bound / 100 * TRIM_TO_PERCENT;
     files.sort_by_key(|f| f.mtime);
-    let mut removed = 0;
     for f in files {
         if total <= target {
             break;
@@ -373,14 +403,42 @@ pub fn trim(dir: &Path, bound: u64) -> std::io::Result<usize> {
     Ok(removed)
 }
 
+/// Checks that every component of `rel` under `root` that exists is a
+/// directory, not a symlink: a cache's mount point in the project must be
+/// where the project says it is (a repository's `target -> /home/u` or
+/// `target -> ../newroot/workspace` would take the mount elsewhere).
+fn real_directories(root: &Path, rel: &str) -> Result<(), String> {
+    let mut at = root.to_path_buf();
+    for part in Path::new(rel).components() {
+        at.push(part);
+        match at.symlink_metadata() {
+            Err(_) => return Ok(()),
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&at).unwrap_or_default();
+                return Err(format!(
+                    "{} is a symlink in the project (to {}), and a cache is never mounted through a symlink: remove the link or move the cache",
+                    at.strip_prefix(root).unwrap_or(&at).display(),
+                    target.display()
+                ));
+            }
+            Ok(m) if !m.is_dir() => {
+                return Err(format!(
+                    "{} is a file in the project, not a directory",
+                    at.strip_prefix(root).unwrap_or(&at).display()
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// What `dir`'s caches hold, in bytes (0 when there are none).
 pub fn size(dir: &Path) -> u64 {
     let Ok(root) = open_dir(rustix::fs::CWD, dir) else {
         return 0;
     };
-    let mut files = Vec::new();
-    let _ = walk(&root, &mut Vec::new(), &mut files);
-    files.iter().map(|f| f.bytes).sum()
+    walk(&root).map_or(0, |w| w.files.iter().map(|f| f.bytes).sum())
 }
 
 fn open_dir<Fd: rustix::fd::AsFd, P: rustix::path::Arg>(
@@ -395,55 +453,136 @@ fn open_dir<Fd: rustix::fd::AsFd, P: rustix::path::Arg>(
     )?)
 }
 
-fn walk(
-    dir: &OwnedFd,
-    prefix: &mut Vec<std::ffi::OsString>,
-    files: &mut Vec<CachedFile>,
-) -> std::io::Result<()> {
+/// What a walk of a cache found.
+struct Walked {
+    files: Vec<CachedFile>,
+    /// Directories at [`MAX_DEPTH`], not walked (relative paths).
+    too_deep: Vec<PathBuf>,
+}
+
+/// Lists the files under `root`, iteratively, one open directory per
+/// level, no deeper than [`MAX_DEPTH`] and within [`MAX_FILES`] and
+/// [`MAX_PATH_BYTES`]; never following a symlink.
+fn walk(root: &OwnedFd) -> std::io::Result<Walked> {
     use std::os::unix::ffi::OsStrExt;
-    for entry in rustix::fs::Dir::read_from(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name == c"." || name == c".." || files.len() >= MAX_FILES {
-            continue;
-        }
-        let Ok(st) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+    let mut out = Walked {
+        files: Vec::new(),
+        too_deep: Vec::new(),
+    };
+    let mut path_bytes = 0usize;
+    let mut stack = vec![(rustix::fs::Dir::read_from(root)?, PathBuf::new())];
+    loop {
+        let depth = stack.len();
+        let Some((dir, rel)) = stack.last_mut() else {
+            break;
+        };
+        let Some(Ok(entry)) = dir.read() else {
+            stack.pop();
             continue;
         };
-        let component = std::ffi::OsStr::from_bytes(name.to_bytes()).to_os_string();
-        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
-            if let Ok(sub) = open_dir(dir, name) {
-                prefix.push(component);
-                walk(&sub, prefix, files)?;
-                prefix.pop();
-            }
-        } else {
-            let mut path = prefix.clone();
-            path.push(component);
-            files.push(CachedFile {
-                path,
-                bytes: st.st_blocks as u64 * 512,
-                mtime: st.st_mtime,
-            });
+        let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
+        if name == "." || name == ".." {
+            continue;
         }
+        let Ok(fd) = dir.fd() else {
+            stack.pop();
+            continue;
+        };
+        let Ok(st) = rustix::fs::statat(fd, &name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let path = rel.join(&name);
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            if depth > MAX_DEPTH {
+                out.too_deep.push(path);
+            } else if let Ok(sub) = open_dir(fd, &name).and_then(|d| Ok(rustix::fs::Dir::new(d)?)) {
+                stack.push((sub, path));
+            }
+            continue;
+        }
+        path_bytes += path.as_os_str().len();
+        if out.files.len() >= MAX_FILES || path_bytes > MAX_PATH_BYTES {
+            break;
+        }
+        out.files.push(CachedFile {
+            path,
+            bytes: st.st_blocks as u64 * 512,
+            mtime: st.st_mtime,
+        });
     }
-    Ok(())
+    Ok(out)
+}
+
+/// Opens the directory at `rel` below `root`, each component without
+/// following a symlink.
+fn open_beneath(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
+    let mut dir: Option<OwnedFd> = None;
+    for part in rel.iter() {
+        let next = open_dir(dir.as_ref().unwrap_or(root), part)?;
+        dir = Some(next);
+    }
+    match dir {
+        Some(d) => Ok(d),
+        None => open_dir(root, "."),
+    }
 }
 
 /// Unlinks the file at `path` below `root`, opening each directory on the
 /// way without following symlinks.
-fn remove(root: &OwnedFd, path: &[std::ffi::OsString]) -> std::io::Result<()> {
-    let (file, dirs) = path.split_last().ok_or(std::io::ErrorKind::InvalidInput)?;
-    let mut dir = None;
-    for d in dirs {
-        let next = open_dir(dir.as_ref().unwrap_or(root), d.as_os_str())?;
-        dir = Some(next);
+fn remove(root: &OwnedFd, path: &Path) -> std::io::Result<()> {
+    let name = path.file_name().ok_or(std::io::ErrorKind::InvalidInput)?;
+    let parent = open_beneath(root, path.parent().unwrap_or(Path::new("")))?;
+    rustix::fs::unlinkat(&parent, name, AtFlags::empty())?;
+    Ok(())
+}
+
+/// Removes the directory at `rel` below `root` and everything in it,
+/// however deep, holding two directories open at a time: each pass pulls
+/// the entries of its subdirectories up into it (under fresh names) and
+/// removes what is not a directory, so every pass takes a level away.
+fn remove_deep(root: &OwnedFd, rel: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = rel.file_name().ok_or(std::io::ErrorKind::InvalidInput)?;
+    let parent = open_beneath(root, rel.parent().unwrap_or(Path::new("")))?;
+    let top = open_dir(&parent, name)?;
+    let mut fresh = 0u64;
+    loop {
+        let mut any = false;
+        let names: Vec<std::ffi::OsString> = rustix::fs::Dir::read_from(&top)?
+            .filter_map(Result::ok)
+            .map(|e| std::ffi::OsStr::from_bytes(e.file_name().to_bytes()).to_os_string())
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        for entry in names {
+            any = true;
+            let Ok(st) = rustix::fs::statat(&top, &entry, AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+                let _ = rustix::fs::unlinkat(&top, &entry, AtFlags::empty());
+                continue;
+            }
+            let sub = open_dir(&top, &entry)?;
+            for inner in rustix::fs::Dir::read_from(&sub)?.filter_map(Result::ok) {
+                let inner = inner.file_name().to_owned();
+                if inner.as_c_str() == c"." || inner.as_c_str() == c".." {
+                    continue;
+                }
+                fresh += 1;
+                let _ = rustix::fs::renameat(
+                    &sub,
+                    inner.as_c_str(),
+                    &top,
+                    format!(".nsm-up-{fresh}").as_str(),
+                );
+            }
+            let _ = rustix::fs::unlinkat(&top, &entry, AtFlags::REMOVEDIR);
+        }
+        if !any {
+            break;
+        }
     }
-    rustix::fs::unlinkat(
-        dir.as_ref().unwrap_or(root),
-        file.as_os_str(),
-        AtFlags::empty(),
-    )?;
+    rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)?;
     Ok(())
 }
 
@@ -469,6 +608,54 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.file_name().unwrap().to_str().unwrap().starts_with("app-"));
         assert_eq!(project_dir(root, None), Path::new("/c/no-project"));
+    }
+
+    #[test]
+    fn a_tree_too_deep_to_walk_is_removed_whole_without_recursion() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("env");
+        std::fs::create_dir_all(cache.join("keep")).unwrap();
+        std::fs::write(cache.join("keep/file"), "kept").unwrap();
+        let mut at = open_dir(rustix::fs::CWD, &cache).unwrap();
+        for i in 0..3000 {
+            rustix::fs::mkdirat(&at, "d", Mode::from_raw_mode(0o755)).unwrap();
+            at = open_dir(&at, "d").unwrap();
+            if i % 500 == 0 {
+                rustix::fs::openat(
+                    &at,
+                    "f",
+                    OFlags::CREATE | OFlags::WRONLY,
+                    Mode::from_raw_mode(0o644),
+                )
+                .unwrap();
+            }
+        }
+        drop(at);
+        // On a small stack, as a thread of the server's has.
+        let removed = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .stack_size(128 << 10)
+                .spawn_scoped(s, || {
+                    assert!(size(&cache) > 0);
+                    trim(&cache, u64::MAX).unwrap()
+                })
+                .unwrap()
+                .join()
+                .unwrap()
+        });
+        assert_eq!(removed, 1);
+        let d = cache.join("d");
+        let mut depth = 0;
+        let mut p = d.clone();
+        while p.is_dir() {
+            depth += 1;
+            p.push("d");
+        }
+        assert_eq!(depth, MAX_DEPTH, "kept down to the bound, the rest removed");
+        assert_eq!(
+            std::fs::read_to_string(cache.join("keep/file")).unwrap(),
+            "kept"
+        );
     }
 
     #[test]

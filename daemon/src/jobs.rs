@@ -17,6 +17,7 @@ use crate::changes::Note;
 use crate::environment::Limits;
 use crate::exec::capture::{Capture, Captured};
 use crate::exec::{ExecError, Observer, Outcome, Stream};
+use crate::sync::Recover;
 
 /// Bounds on jobs.
 #[derive(Debug, Clone, Copy)]
@@ -153,7 +154,11 @@ impl Job {
     }
 
     pub fn ending(&self) -> Option<Ending> {
-        self.ending.lock().unwrap().as_ref().map(|(e, _)| e.clone())
+        self.ending
+            .lock()
+            .recover()
+            .as_ref()
+            .map(|(e, _)| e.clone())
     }
 
     /// Kills the job's sandbox (or takes it out of the queue); its place
@@ -182,7 +187,7 @@ impl Job {
         stderr_from: Option<u64>,
         max: usize,
     ) -> (Chunk, Chunk) {
-        let mut logs = self.logs.lock().unwrap();
+        let mut logs = self.logs.lock().recover();
         let [out, err] = &mut *logs;
         (out.read(stdout_from, max), err.read(stderr_from, max))
     }
@@ -193,12 +198,12 @@ impl Job {
             Ok(o) => Ending::Ran(Box::new(o), project),
             Err(e) => Ending::Failed(Arc::new(e)),
         };
-        *self.ending.lock().unwrap() = Some((ending, tokio::time::Instant::now()));
+        *self.ending.lock().recover() = Some((ending, tokio::time::Instant::now()));
         self.state.send_replace(State::Finished);
     }
 
     fn finished_since(&self) -> Option<tokio::time::Instant> {
-        self.ending.lock().unwrap().as_ref().map(|(_, at)| *at)
+        self.ending.lock().recover().as_ref().map(|(_, at)| *at)
     }
 }
 
@@ -213,7 +218,7 @@ impl Observer for Job {
             Stream::Stdout => 0,
             Stream::Stderr => 1,
         };
-        self.logs.lock().unwrap()[i].push(data);
+        self.logs.lock().recover()[i].push(data);
     }
 }
 
@@ -253,7 +258,7 @@ impl Jobs {
         env_limits: Limits,
         parent: &CancellationToken,
     ) -> Result<(Arc<Job>, CancellationToken), JobError> {
-        let mut table = self.table.lock().unwrap();
+        let mut table = self.table.lock().recover();
         self.forget_old(&mut table);
         if table.values().filter(|j| j.holds_place()).count() >= self.limits.max_jobs {
             return Err(JobError::Full {
@@ -261,7 +266,7 @@ impl Jobs {
             });
         }
         let n = {
-            let mut next = self.next.lock().unwrap();
+            let mut next = self.next.lock().recover();
             let n = *next;
             *next += 1;
             n
@@ -288,7 +293,7 @@ impl Jobs {
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Job>> {
-        let mut table = self.table.lock().unwrap();
+        let mut table = self.table.lock().recover();
         self.forget_old(&mut table);
         let n: u64 = id.strip_prefix("job-")?.parse().ok()?;
         table.get(&n).cloned()
@@ -296,7 +301,7 @@ impl Jobs {
 
     /// Every job, oldest first.
     pub fn list(&self) -> Vec<Arc<Job>> {
-        let mut table = self.table.lock().unwrap();
+        let mut table = self.table.lock().recover();
         self.forget_old(&mut table);
         table.values().cloned().collect()
     }

@@ -11,7 +11,7 @@
 //! `clients` (MCP clients' configuration), `network` (which hosts a sandbox
 //! may reach, and the proxy that holds it to that), `changes` (what a run
 //! changed in the project), `caches` (directories kept between calls),
-//! `mountinfo` (the mount table).
+//! `mountinfo` (the mount table), `sync` (locks that outlive a panic).
 
 pub mod app;
 pub mod audit;
@@ -34,3 +34,4 @@ pub mod registry;
 pub mod seccomp;
 pub mod server;
 pub mod sessions;
+pub mod sync;

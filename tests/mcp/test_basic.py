@@ -64,7 +64,7 @@ def test_the_description_says_which_protections_this_host_lacks():
 
     weaker = run_async(description, {"NIX_SANDBOX_LIMITS": "rlimits", "NIX_SANDBOX_NEST": "off"})
     assert "Weaker on this host: " in weaker, weaker
-    assert "limits per process, not per sandbox (no cgroup)" in weaker, weaker
+    assert "memory limited per process and not for shared memory" in weaker, weaker
     assert "no bound on the number of files written" in weaker, weaker
     doctor = subprocess.run([BIN, "doctor", "--json"], capture_output=True, text=True)
     checks = {c["name"]: c["status"] for c in json.loads(doctor.stdout)["checks"]}

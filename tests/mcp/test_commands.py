@@ -491,7 +491,7 @@ argv = ["ls", "src"]
 description = "Show a file"
 env = "bash"
 argv = ["cat", "{{file}}"]
-danger = "safe"
+danger = "high"
 [commands.show.params.file]
 type = "path"
 required = true

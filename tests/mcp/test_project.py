@@ -269,7 +269,7 @@ def test_a_large_patch_is_a_resource_and_protected_files_are_flagged():
     run_async(t)
 
 
-def test_an_overlay_change_to_git_hooks_git_config_or_a_configured_path_is_flagged():
+def test_an_overlay_change_to_git_or_a_configured_path_is_flagged():
     proj = writable_project()
     (proj / ".git" / "hooks").mkdir(parents=True)
     (proj / ".git" / "config").write_text("[core]\n")
@@ -283,7 +283,7 @@ def test_an_overlay_change_to_git_hooks_git_config_or_a_configured_path_is_flagg
                     " && mkdir deploy && echo k > deploy/key")
             sc, text, err = await call(s, "bash", code)
             assert not err, text
-            assert sorted(sc["changes"]["protected"]) == [".git/config", ".git/hooks", "deploy"], dump(sc)
+            assert sorted(sc["changes"]["protected"]) == [".git", "deploy"], dump(sc)
     run_async(t)
     assert (proj / ".git" / "config").read_text() == "[core]\n"
     assert not (proj / ".git" / "hooks" / "pre-commit").exists()
@@ -343,12 +343,14 @@ def test_a_protected_path_cannot_be_moved_aside_with_its_directory_in_a_readwrit
                     "rm -rf .git 2>/dev/null; test -f .git/config && echo kept\n"
                     "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit 2>/dev/null && echo WROTE || echo refused\n"
                     "echo evil > .git/config 2>/dev/null && echo WROTE || echo refused\n"
-                    "echo ok > .git/description && echo written\n")
+                    "echo ok > .git/description 2>/dev/null && echo WROTE || echo refused\n"
+                    "echo ok > .github/notes.md && echo written\n")
             sc, _, _ = await call(s, "bash", code)
-            assert sc["stdout"] == "refused\nrefused\nkept\nrefused\nrefused\nwritten\n", dump(sc)
+            assert sc["stdout"] == "refused\nrefused\nkept\nrefused\nrefused\nrefused\nwritten\n", dump(sc)
     run_async(t)
     assert (proj / ".git/config").read_text() == "[core]\n"
     assert not (proj / ".git/hooks/pre-commit").exists()
     assert (proj / ".github/copilot-instructions.md").read_text() == "the user's rules\n"
-    assert (proj / ".git/description").read_text() == "ok\n"
+    assert not (proj / ".git/description").exists(), "the whole .git is read-only"
+    assert (proj / ".github/notes.md").read_text() == "ok\n"
     assert not (proj / ".git-aside").exists() and not (proj / ".github-aside").exists()

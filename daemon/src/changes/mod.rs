@@ -1,49 +1,30 @@
 //! What a sandbox changed in an overlay project: the scan of its upper
 //! layer (`scan.rs`), a summary for the result, and the whole change as a
 //! git-style unified diff (`patch.rs`) that `git apply` takes. Binary files
-//! and files over [`scan::DIFF_BYTES`] are named, not dumped; paths the
-//! project's ignore rules cover (build output) are counted and left out;
-//! changes to agent configuration files are flagged. Nothing here writes
+//! and files over [`patch::DIFF_BYTES`] are named, not dumped; untracked
+//! paths the project's ignore rules cover (build output) are counted and
+//! left out (`tracked.rs`); changes to protected paths — agent and editor
+//! configuration, `.git`, `.envrc` at any depth, symlinks out of the
+//! project (`protect.rs`) — are flagged and kept out of the default patch.
+//! Everything here is bounded in memory whatever the sandbox wrote, and
+//! what was counted or named instead of read is said. Nothing here writes
 //! to the host's tree: applying a patch is the user's decision.
 
 mod patch;
+mod protect;
 mod scan;
 mod store;
+mod tracked;
 
 use std::hash::{Hash, Hasher};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-pub use patch::render;
-pub use scan::scan;
+pub use patch::{PATCH_BYTES, Rendered, render};
+pub use protect::{ANYWHERE as PROTECTED, Protection};
+pub use scan::{MAX_DEPTH, scan};
 pub use store::{PatchStore, StoredPatch, URI_PREFIX};
 
-/// Paths (relative to the project; a trailing `/` for a directory) of agent
-/// instructions and configuration, and of files the host runs by itself:
-/// read-only in `readwrite` projects, flagged when an overlay's change
-/// touches them.
-pub const PROTECTED: &[&str] = &[
-    ".mcp.json",
-    "CLAUDE.md",
-    "CLAUDE.local.md",
-    "AGENTS.md",
-    "GEMINI.md",
-    ".cursorrules",
-    ".windsurfrules",
-    ".clinerules",
-    ".claude/",
-    ".cursor/",
-    ".vscode/",
-    ".gemini/",
-    ".github/copilot-instructions.md",
-    ".envrc",
-    ".git/hooks/",
-    ".git/config",
-    ".nix-sandbox-mcp/",
-];
-
-/// A patch is cut past this size (at a file boundary, saying so).
-pub const PATCH_BYTES: usize = 8 << 20;
 /// A patch up to this size travels in the result itself.
 pub const INLINE_BYTES: usize = 4096;
 
@@ -54,13 +35,18 @@ pub struct Report {
     pub ignored: usize,
     /// The first ignored paths by name (a directory ends in `/`).
     pub ignored_named: Vec<String>,
-    /// Protected paths the change touches.
+    /// Protected paths the change touches (left out of the patch), and
+    /// whether there are more than those named.
     pub protected: Vec<String>,
-    /// The whole patch, when it is at most [`INLINE_BYTES`].
+    pub protected_more: bool,
+    /// The whole patch (protected paths left out), when it is at most
+    /// [`INLINE_BYTES`].
     pub patch: Option<String>,
     pub patch_bytes: usize,
     /// Where the whole patch can be read (an MCP resource).
     pub uri: String,
+    /// What was counted or named instead of read, in sentences.
+    pub summarized: Vec<String>,
     /// Tells one state of the changes from another (a session's calls
     /// report them only when they differ from the previous call's).
     pub digest: u64,
@@ -68,6 +54,7 @@ pub struct Report {
 
 /// Scans `upper` against the project at `project`, keeps the patch in
 /// `store` (titled `title`), and reports; `None` when nothing changed.
+/// `protected`: the operator's protected paths besides the built-in ones.
 /// Blocking: reads the changed files.
 pub fn report(
     upper: &OwnedFd,
@@ -76,23 +63,26 @@ pub fn report(
     store: &PatchStore,
     title: String,
 ) -> std::io::Result<Option<Report>> {
-    let scan = scan::scan(upper, project, protected)?;
+    let scan = scan::scan(upper, project, &Protection::new(protected))?;
     if scan.is_empty() {
         return Ok(None);
     }
-    let text = patch::render(&scan, PATCH_BYTES);
+    let rendered = patch::render(&scan, upper, project, PATCH_BYTES);
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (&text, scan.ignored, &scan.ignored_named).hash(&mut hasher);
-    let patch_bytes = text.len();
-    let inline = (patch_bytes <= INLINE_BYTES).then(|| text.clone());
+    (&rendered, scan.ignored, &scan.ignored_named).hash(&mut hasher);
+    let patch_bytes = rendered.main.len();
+    let inline = (patch_bytes <= INLINE_BYTES).then(|| rendered.main.clone());
+    let summarized = scan.summary.sentences(&rendered);
     Ok(Some(Report {
-        counts: scan.counts(),
+        counts: scan.counts,
         ignored: scan.ignored,
         ignored_named: scan.ignored_named.clone(),
         protected: scan.protected_names(),
+        protected_more: scan.protected_more,
         patch: inline,
         patch_bytes,
-        uri: store.keep(title, text),
+        uri: store.keep(title, rendered),
+        summarized,
         digest: hasher.finish(),
     }))
 }
@@ -111,7 +101,7 @@ pub fn untouched(upper: &OwnedFd) -> bool {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Note {
     /// An overlay's changes (a session's: all of them so far).
-    pub report: Option<Report>,
+    pub report: Option<Box<Report>>,
     pub of_session: bool,
     /// Protected paths a run in a read-write project created.
     pub created_protected: Vec<String>,
@@ -120,14 +110,92 @@ pub struct Note {
 /// What a scan found.
 #[derive(Debug, Default, Clone)]
 pub struct Scan {
-    /// Changed paths, sorted.
+    /// Changed paths, sorted (at most [`scan::MAX_LISTED`]).
     pub changes: Vec<Change>,
+    /// Every change, listed or not.
+    pub counts: Counts,
     /// Paths left out because the project ignores them (an ignored
     /// directory counts once), and the first of them by name.
     pub ignored: usize,
     pub ignored_named: Vec<String>,
-    /// Protected paths that were changed, created or deleted.
+    /// Protected paths that were changed, created or deleted (the first
+    /// ones), and whether there were more.
     pub protected: Vec<PathBuf>,
+    pub protected_more: bool,
+    /// What was counted instead of read.
+    pub summary: Summary,
+}
+
+/// What a scan counted instead of reading.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Directories deeper than [`MAX_DEPTH`], not read, and the first.
+    pub too_deep: usize,
+    pub first_too_deep: Option<PathBuf>,
+    /// Changes counted but not listed (past the scan's bounds).
+    pub unlisted: usize,
+    /// Files of the host's size reported as modified without a comparison.
+    pub not_compared: usize,
+    /// Entries the scan could not read.
+    pub unreadable: usize,
+}
+
+impl Summary {
+    fn too_deep(&mut self, rel: &Path) {
+        self.too_deep += 1;
+        if self.first_too_deep.is_none() {
+            self.first_too_deep = Some(rel.to_path_buf());
+        }
+    }
+
+    /// What the result says about what was summarized instead of read.
+    fn sentences(&self, rendered: &Rendered) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(first) = &self.first_too_deep {
+            let shown: String = first.to_string_lossy().chars().take(120).collect();
+            out.push(format!(
+                "{} director{} deeper than {MAX_DEPTH} levels {} not read (the first: {shown}…); their contents are not in the counts or the patch",
+                self.too_deep,
+                if self.too_deep == 1 { "y" } else { "ies" },
+                if self.too_deep == 1 { "was" } else { "were" },
+            ));
+        }
+        if self.unlisted > 0 {
+            out.push(format!(
+                "{} changed paths past the first {} are counted but not in the patch",
+                self.unlisted,
+                scan::MAX_LISTED
+            ));
+        }
+        if self.not_compared > 0 {
+            out.push(format!(
+                "{} files of the same size as the user's are reported as modified without comparing their contents (the scan compares at most {} MiB)",
+                self.not_compared,
+                scan::COMPARE_BYTES >> 20
+            ));
+        }
+        if self.unreadable > 0 {
+            out.push(format!(
+                "{} entries could not be read and are left out",
+                self.unreadable
+            ));
+        }
+        if rendered.unread > 0 {
+            out.push(format!(
+                "{} files are named in the patch without their contents (it reads at most {} MiB of files)",
+                rendered.unread,
+                patch::READ_BYTES >> 20
+            ));
+        }
+        if rendered.cut > 0 {
+            out.push(format!(
+                "the patch is cut at {} MiB: {} changed paths are not in it",
+                PATCH_BYTES >> 20,
+                rendered.cut
+            ));
+        }
+        out
+    }
 }
 
 /// One changed path: `old` is the host's entry, `new` the sandbox's.
@@ -136,27 +204,22 @@ pub struct Change {
     pub path: PathBuf,
     pub old: Option<Entry>,
     pub new: Option<Entry>,
+    /// The protected path it is (or is under): kept out of the default patch.
+    pub guard: Option<PathBuf>,
 }
 
-/// A file, symlink, directory or special file, as far as a patch needs it.
+/// A file, symlink, directory or special file, as far as a patch needs it;
+/// contents are read only while the patch is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// `st_mode`: the type and permission bits.
     pub mode: u32,
+    /// The size the file claims (`st_size`).
     pub size: u64,
-    pub mtime: i64,
-    pub content: Content,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Content {
-    /// A regular file's bytes, or a symlink's target.
-    Bytes(Vec<u8>),
-    /// Over [`scan::DIFF_BYTES`]: compared by size and modification time.
-    TooLarge,
-    Unreadable,
-    /// A directory, FIFO, socket or device: nothing to diff.
-    None,
+    /// What it takes on disk (less than `size` for a sparse file).
+    pub allocated: u64,
+    /// A symlink's target.
+    pub target: Option<Vec<u8>>,
 }
 
 const S_IFMT: u32 = 0o170000;
@@ -165,39 +228,12 @@ const S_IFLNK: u32 = 0o120000;
 const S_IFDIR: u32 = 0o040000;
 
 impl Entry {
-    fn file(mode: u32, size: u64, mtime: i64, content: Content) -> Entry {
-        Entry {
-            mode,
-            size,
-            mtime,
-            content,
-        }
-    }
-
-    fn symlink(target: Vec<u8>) -> Entry {
-        Entry {
-            mode: S_IFLNK | 0o777,
-            size: target.len() as u64,
-            mtime: 0,
-            content: Content::Bytes(target),
-        }
-    }
-
     fn directory(mode: u32) -> Entry {
         Entry {
             mode: S_IFDIR | (mode & 0o7777),
             size: 0,
-            mtime: 0,
-            content: Content::None,
-        }
-    }
-
-    fn special(mode: u32) -> Entry {
-        Entry {
-            mode,
-            size: 0,
-            mtime: 0,
-            content: Content::None,
+            allocated: 0,
+            target: None,
         }
     }
 
@@ -213,15 +249,13 @@ impl Entry {
         self.mode & S_IFMT == S_IFDIR
     }
 
-    /// Unchanged, as far as a patch can tell (the time of a copy-up is not a change).
-    fn same_as(&self, other: &Entry) -> bool {
-        if self.mode != other.mode || self.size != other.size {
-            return false;
-        }
-        match (&self.content, &other.content) {
-            (Content::Bytes(a), Content::Bytes(b)) => a == b,
-            (Content::TooLarge, Content::TooLarge) => self.mtime == other.mtime,
-            _ => false,
+    /// What the entry holds: its size, or less where it is sparse (a
+    /// small file may be stored with its inode, taking no block).
+    fn stored_bytes(&self) -> u64 {
+        match &self.target {
+            Some(t) => t.len() as u64,
+            None if self.size <= 4096 => self.size,
+            None => self.size.min(self.allocated),
         }
     }
 }
@@ -232,32 +266,18 @@ pub struct Counts {
     pub added: usize,
     pub modified: usize,
     pub deleted: usize,
-    /// Size of what was added or modified, as the sandbox left it.
+    /// What was added or modified takes, as the sandbox left it (a sparse
+    /// file's holes are not counted).
     pub bytes: u64,
 }
 
 impl Scan {
     pub fn is_empty(&self) -> bool {
-        self.changes.is_empty() && self.ignored == 0 && self.protected.is_empty()
-    }
-
-    pub fn counts(&self) -> Counts {
-        let mut c = Counts::default();
-        for ch in &self.changes {
-            match (&ch.old, &ch.new) {
-                (None, Some(n)) => {
-                    c.added += 1;
-                    c.bytes += n.size;
-                }
-                (Some(_), Some(n)) => {
-                    c.modified += 1;
-                    c.bytes += n.size;
-                }
-                (Some(_), None) => c.deleted += 1,
-                (None, None) => {}
-            }
-        }
-        c
+        self.counts == Counts::default()
+            && self.changes.is_empty()
+            && self.ignored == 0
+            && self.protected.is_empty()
+            && self.summary == Summary::default()
     }
 
     /// Protected paths that changed, as text.
@@ -267,15 +287,6 @@ impl Scan {
             .map(|p| p.to_string_lossy().into_owned())
             .collect()
     }
-}
-
-/// Whether `rel` (relative to the project) is protected by `list`.
-pub fn is_protected(list: &[String], rel: &Path) -> bool {
-    let text = rel.to_string_lossy();
-    list.iter().any(|p| match p.strip_suffix('/') {
-        Some(dir) => text == dir || text.starts_with(&format!("{dir}/")),
-        None => text == p.as_str(),
-    })
 }
 
 #[cfg(test)]

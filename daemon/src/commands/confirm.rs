@@ -8,6 +8,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::sync::Recover;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rmcp::model::{
@@ -92,7 +93,7 @@ impl Tokens {
         getrandom::fill(&mut secret)?;
         let token = URL_SAFE_NO_PAD.encode(secret);
         let now = Instant::now();
-        let mut pending = self.pending.lock().unwrap();
+        let mut pending = self.pending.lock().recover();
         pending.retain(|p| now < p.expires + REMEMBER_EXPIRED);
         if pending.len() >= MAX_PENDING {
             pending.remove(0);
@@ -110,7 +111,7 @@ impl Tokens {
     pub fn redeem(&self, token: &str, invocation: &[u8; 32]) -> Redeemed {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
-        let mut pending = self.pending.lock().unwrap();
+        let mut pending = self.pending.lock().recover();
         // Compare against every entry, each in constant time, so that
         // neither the comparison nor the search reveals how close a guess was.
         let mut found = None;
@@ -276,7 +277,7 @@ mod tests {
             t.issue([0; 32]).unwrap();
         }
         assert_eq!(t.redeem(first.reveal(), &[0; 32]), Redeemed::Unknown);
-        assert_eq!(t.pending.lock().unwrap().len(), MAX_PENDING);
+        assert_eq!(t.pending.lock().recover().len(), MAX_PENDING);
     }
 
     #[test]

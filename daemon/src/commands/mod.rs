@@ -5,7 +5,8 @@
 //! format and its validation (`declaration.rs`), the parameters and their
 //! checks (`params.rs`), building the argv without a shell and the digest
 //! of an invocation (`invocation.rs`), confirmation by question or token
-//! (`confirm.rs`), and reloading the project file (`watch.rs`). Knows
+//! (`confirm.rs`), what the project's own file may declare (`trust.rs`),
+//! and reloading the project file (`watch.rs`). Knows
 //! environments only by name and the project only through its mount; the
 //! server runs the invocations and exec runs the argv.
 
@@ -14,6 +15,7 @@ pub mod declaration;
 pub mod invocation;
 pub mod params;
 mod project_file;
+pub mod trust;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -30,6 +32,7 @@ use declaration::{Context, Danger, Diagnostic, Source};
 use invocation::Template;
 use params::Param;
 
+use crate::sync::Recover;
 pub use declaration::{CommandDecl, PROJECT_FILE};
 pub use invocation::ResolvedInvocation;
 
@@ -130,6 +133,11 @@ pub struct Setup<'a> {
     pub config_file: Option<&'a Path>,
     /// The environments that exist.
     pub envs: Vec<String>,
+    /// The most each environment gives a command of the project's file
+    /// (an environment without one, still being built, gives the least).
+    pub ceilings: BTreeMap<String, trust::Ceiling>,
+    /// The operator's grants to the project file's commands, by name.
+    pub grants: BTreeMap<String, crate::config::commands::CommandGrant>,
     pub project: Option<&'a ProjectMount>,
 }
 
@@ -141,6 +149,8 @@ pub struct Commands {
     /// The project file on the host, when it is read at all.
     project_file: Option<PathBuf>,
     envs: Vec<String>,
+    ceilings: BTreeMap<String, trust::Ceiling>,
+    grants: BTreeMap<String, crate::config::commands::CommandGrant>,
     project: Option<ProjectMount>,
     current: RwLock<Arc<Catalog>>,
     /// SHA-256 of the project file's text last loaded (`None`: no file).
@@ -157,6 +167,8 @@ impl Commands {
             config: Vec::new(),
             project_file: None,
             envs: Vec::new(),
+            ceilings: BTreeMap::new(),
+            grants: BTreeMap::new(),
             project: None,
             current: RwLock::new(Arc::new(Catalog::default())),
             loaded_text: Mutex::new(None),
@@ -231,6 +243,8 @@ impl Commands {
             config,
             project_file,
             envs: setup.envs,
+            ceilings: setup.ceilings,
+            grants: setup.grants,
             project: setup.project.cloned(),
             current: RwLock::new(Arc::new(Catalog::default())),
             loaded_text: Mutex::new(None),
@@ -249,12 +263,12 @@ impl Commands {
             }
         };
         match commands.catalog_of(from_project) {
-            Ok(catalog) => *commands.current.write().unwrap() = Arc::new(catalog),
+            Ok(catalog) => *commands.current.write().recover() = Arc::new(catalog),
             Err(mut e) if project_file_strict => errors.append(&mut e),
             Err(problems) => {
                 withdrawn(&problems);
                 let config_only = commands.catalog_of(Vec::new()).unwrap_or_default();
-                *commands.current.write().unwrap() = Arc::new(config_only);
+                *commands.current.write().recover() = Arc::new(config_only);
             }
         }
         if errors.is_empty() {
@@ -266,7 +280,7 @@ impl Commands {
 
     /// The commands offered now.
     pub fn catalog(&self) -> Arc<Catalog> {
-        self.current.read().unwrap().clone()
+        self.current.read().recover().clone()
     }
 
     /// The project file on the host, when the server reads one.
@@ -296,7 +310,7 @@ impl Commands {
             }
             self.catalog_of(Vec::new()).unwrap_or_default()
         });
-        *self.current.write().unwrap() = Arc::new(catalog);
+        *self.current.write().recover() = Arc::new(catalog);
         true
     }
 
@@ -309,7 +323,7 @@ impl Commands {
         let text = declaration::read_project_file(path).map_err(|d| vec![d])?;
         let hash = text.as_ref().map(|t| Sha256::digest(t.as_bytes()).into());
         {
-            let mut loaded = self.loaded_text.lock().unwrap();
+            let mut loaded = self.loaded_text.lock().recover();
             if *loaded == hash {
                 return Ok(None);
             }
@@ -330,7 +344,12 @@ impl Commands {
         let mut out = Vec::new();
         let mut errors = Vec::new();
         for (name, decl) in &decls {
-            match declaration::validate(name, decl, &source, ctx) {
+            let trusted = |checked| {
+                let least = trust::Ceiling::least();
+                let ceiling = self.ceilings.get(&decl.env).unwrap_or(&least);
+                trust::check(name, decl, ceiling, self.grants.get(name), &source).map(|()| checked)
+            };
+            match declaration::validate(name, decl, &source, ctx).and_then(trusted) {
                 Ok(checked) => {
                     log_warnings(&checked.warnings);
                     out.push(Arc::new(checked.command));
@@ -440,6 +459,8 @@ mod tests {
             declared: &decls(config),
             config_file: None,
             envs: vec!["bash".into()],
+            ceilings: BTreeMap::new(),
+            grants: BTreeMap::new(),
             project,
         })
     }
@@ -471,6 +492,8 @@ mod tests {
             declared: &config.commands,
             config_file: Some(&path),
             envs: vec!["bash".into()],
+            ceilings: BTreeMap::new(),
+            grants: BTreeMap::new(),
             project: None,
         })
         .unwrap_err()

@@ -96,6 +96,8 @@ mod tests {
                 declared: &Default::default(),
                 config_file: None,
                 envs: vec!["bash".into()],
+                ceilings: Default::default(),
+                grants: Default::default(),
                 project: Some(&project),
             })
             .unwrap(),

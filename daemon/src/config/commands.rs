@@ -56,6 +56,25 @@ pub struct CommandDecl {
     pub params: BTreeMap<String, ParamDecl>,
 }
 
+/// One `[project.grants.NAME]` table: what the command NAME of a project's
+/// own commands file may take beyond what the project itself may grant
+/// (none of it by default: the file is the repository's, not the operator's).
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandGrant {
+    /// The most network it may use: `true`, or `{ allow = [...] }`;
+    /// without it, no more than its environment has.
+    #[serde(default)]
+    pub network: Option<NetworkSetting>,
+    /// The least danger it may declare: `safe` lets the file declare it
+    /// read-only (clients may then run it without asking).
+    pub danger: Option<Danger>,
+    /// The longest time limit it may declare; its environment's without it.
+    pub timeout_ms: Option<Millis>,
+    /// The most output it may keep; its environment's without it.
+    pub output_bytes: Option<OutputBytes>,
+}
+
 /// One `[commands.NAME.params.PARAM]` table as written.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -109,7 +128,7 @@ impl ParamKind {
 }
 
 /// How much harm one call can do; decides the tool's annotations.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Danger {
     /// Reads only.

@@ -124,6 +124,9 @@ pub struct ProjectSettings {
     pub inherit_env: Vec<EnvVarName>,
     /// Paths protected besides the built-in list (see `changes::PROTECTED`).
     pub protected: Vec<ProjectPath>,
+    /// What commands of the project's own file may take (see
+    /// [`commands::CommandGrant`]), by command name.
+    pub grants: BTreeMap<String, commands::CommandGrant>,
 }
 
 impl ProjectSettings {
@@ -236,6 +239,12 @@ struct RawProject {
     /// instruction and configuration files.
     #[serde(default)]
     protected: Vec<ProjectPath>,
+    /// What a command of the project's `.nix-sandbox-mcp/commands.toml`
+    /// may take: network, `danger = "safe"`, a longer time limit or more
+    /// output than its environment's. Without a grant the file cannot
+    /// widen what the configuration allows.
+    #[serde(default)]
+    grants: BTreeMap<commands::CommandName, commands::CommandGrant>,
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -382,6 +391,12 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
             use_flake: raw.project.use_flake,
             inherit_env: raw.project.inherit_env.vars,
             protected: raw.project.protected,
+            grants: raw
+                .project
+                .grants
+                .into_iter()
+                .map(|(k, v)| (k.0, v))
+                .collect(),
         },
         environments,
         commands: raw.commands.into_iter().map(|(k, v)| (k.0, v)).collect(),

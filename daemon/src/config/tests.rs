@@ -224,6 +224,7 @@ fn example_config_parses_and_documents_every_key() {
         "project",
         "environments",
         "inherit_env",
+        "grants",
         "commands",
         "params",
     ];

@@ -288,7 +288,8 @@ fn check_limits(s: &State) -> Vec<Finding> {
             "limits",
             enforcer.describe(),
             format!(
-                "memory and process limits are per process without a cgroup{}",
+                "without a cgroup, {}{}",
+                crate::limits::RLIMITS_MEMORY,
                 without_v2
                     .map(|w| format!("; for cgroup v2: {}", w.step))
                     .unwrap_or_default()

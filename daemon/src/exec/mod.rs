@@ -67,6 +67,7 @@ use crate::jail::ProjectMount;
 use crate::limits::{Enforcer, Usage};
 use crate::network::Proxy;
 use crate::platform::Platform;
+use crate::sync::Recover;
 use admission::{Admission, Budget, Reservation};
 use prestart::Pool;
 use recipe::{FromViews, Ingredients, Recipe, SeccompCache};
@@ -290,7 +291,7 @@ impl Executor {
             .as_ref()
             .ok()
             .map(|_| self.inner.platform.stage_dir.as_path());
-        let caches = match &*self.inner.caches.read().unwrap() {
+        let caches = match &*self.inner.caches.read().recover() {
             Some(c) => c.mounts(ingredients.env),
             None => Vec::new(),
         };
@@ -325,7 +326,7 @@ impl Executor {
             return None;
         }
         crate::jail::store_dir(store_paths)?;
-        let mut views = self.inner.views.lock().unwrap();
+        let mut views = self.inner.views.lock().recover();
         // A view that could not be mounted into a sandbox is given up.
         if let Some(Some(v)) = views.get(store_paths)
             && v.failed.load(std::sync::atomic::Ordering::SeqCst)
@@ -359,7 +360,7 @@ impl Executor {
             writable: p.access == crate::jail::ProjectAccess::ReadWrite
                 || (p.access == crate::jail::ProjectAccess::Overlay && p.overlay),
         });
-        *self.inner.caches.write().unwrap() =
+        *self.inner.caches.write().recover() =
             Some(crate::caches::Caches::new(view, self.inner.platform.run_as));
     }
 
@@ -377,7 +378,7 @@ impl Executor {
     /// The store views go too (sandboxes that hold one keep it): the
     /// environments may be rebuilt for the new project.
     pub async fn forget_ready(&self) {
-        self.inner.views.lock().unwrap().clear();
+        self.inner.views.lock().recover().clear();
         for prepared in self.inner.pool.forget_all() {
             prepared.discard().await;
         }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::recipe::{Recipe, RecipeKey};
 use super::sandbox::Prepared;
+use crate::sync::Recover;
 
 /// Prepares a sandbox for a recipe; `None` once the executor is gone.
 pub(super) type Prepare = Box<dyn Fn(&Recipe) -> Option<std::io::Result<Prepared>> + Send>;
@@ -132,7 +133,7 @@ impl Pool {
                     let Some(prepared) = prepare(&recipe) else {
                         break;
                     };
-                    let mut ready = pool.ready.lock().unwrap();
+                    let mut ready = pool.ready.lock().recover();
                     // Gone when the pool was drained meanwhile: the sandbox is dropped (killed).
                     let Some(r) = ready.get_mut(&recipe.key) else {
                         continue;
@@ -152,8 +153,8 @@ impl Pool {
             });
         match started {
             Ok(thread) => {
-                *self.spawner.lock().unwrap() = Some(tx);
-                *self.thread.lock().unwrap() = Some(thread);
+                *self.spawner.lock().recover() = Some(tx);
+                *self.thread.lock().recover() = Some(thread);
             }
             Err(e) => {
                 tracing::warn!("cannot start the sandbox spawner ({e}); sandboxes start on demand")
@@ -175,7 +176,7 @@ impl Pool {
     /// A prepared sandbox for `key`, if one is ready and still alive. The
     /// call counts as demand either way.
     pub(super) fn take(&self, key: &RecipeKey) -> Option<Prepared> {
-        let mut ready = self.ready.lock().unwrap();
+        let mut ready = self.ready.lock().recover();
         let r = ready.get_mut(key)?;
         r.called(Instant::now());
         // One that died while it waited is dropped (its remains stopped).
@@ -203,7 +204,7 @@ impl Pool {
     /// to what its demand wants (what it no longer wants is stopped when
     /// the pool is tended).
     pub(super) fn refill(&self, recipe: &Arc<Recipe>) {
-        if let Some(r) = self.ready.lock().unwrap().get_mut(&recipe.key) {
+        if let Some(r) = self.ready.lock().recover().get_mut(&recipe.key) {
             self.top_up(r, Instant::now());
         }
     }
@@ -214,7 +215,7 @@ impl Pool {
     pub(super) fn tend(&self) -> Vec<Prepared> {
         let now = Instant::now();
         let mut surplus = Vec::new();
-        for r in self.ready.lock().unwrap().values_mut() {
+        for r in self.ready.lock().recover().values_mut() {
             let wanted = r.wanted(now, self.target);
             while r.sandboxes.len() > wanted {
                 surplus.extend(r.sandboxes.pop());
@@ -226,7 +227,7 @@ impl Pool {
 
     /// Asks the spawner for what `r` lacks, when it is kept.
     fn top_up(&self, r: &mut Ready, now: Instant) {
-        let Some(spawner) = self.spawner.lock().unwrap().clone() else {
+        let Some(spawner) = self.spawner.lock().recover().clone() else {
             return;
         };
         let Some(recipe) = r.kept.clone() else {
@@ -248,7 +249,7 @@ impl Pool {
         // (A call that found none waits for `added` too: a sandbox being
         // prepared holds its share already, and would hold it until the
         // pool lets it go, a minute later.)
-        let mut ready = self.ready.lock().unwrap();
+        let mut ready = self.ready.lock().recover();
         ready
             .values_mut()
             .max_by_key(|r| r.sandboxes.len())
@@ -273,7 +274,7 @@ impl Pool {
     /// Stops keeping every recipe ready and hands back the sandboxes that
     /// wait; those being prepared are dropped (killed) when they are done.
     pub(super) fn forget_all(&self) -> Vec<Prepared> {
-        std::mem::take(&mut *self.ready.lock().unwrap())
+        std::mem::take(&mut *self.ready.lock().recover())
             .into_values()
             .flat_map(|r| r.sandboxes)
             .collect()
@@ -283,8 +284,8 @@ impl Pool {
     /// hands back every waiting sandbox; for shutdown. Blocking.
     pub(super) fn drain(&self) -> Vec<Prepared> {
         self.closing.store(true, Ordering::SeqCst);
-        *self.spawner.lock().unwrap() = None;
-        let thread = self.thread.lock().unwrap().take();
+        *self.spawner.lock().recover() = None;
+        let thread = self.thread.lock().recover().take();
         if let Some(t) = thread {
             let _ = t.join();
         }

@@ -15,7 +15,9 @@ impl Executor {
             missing.push("nested user namespaces not fully blocked (old bubblewrap)");
         }
         if self.inner.enforcer.mechanism() == crate::limits::Mechanism::Rlimits {
-            missing.push("memory and process limits per process, not per sandbox (no cgroup)");
+            missing.push(
+                "no cgroup: memory limited per process and not for shared memory (MAP_SHARED, memfd)",
+            );
         }
         if self.inner.nest.is_err() {
             missing.push("no bound on the number of files written");

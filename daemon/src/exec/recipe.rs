@@ -20,6 +20,7 @@ use crate::environment::Environment;
 use crate::jail::{self, CacheMount, Call, HostLayout, ProjectAccess, ProjectMount};
 use crate::limits::{Enforcer, Rlimit};
 use crate::seccomp::{self, Program};
+use crate::sync::Recover;
 
 /// What distinguishes one kind of prepared sandbox from another.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -78,7 +79,7 @@ pub(super) struct SeccompCache(Mutex<HashMap<Vec<String>, Arc<Program>>>);
 
 impl SeccompCache {
     pub(super) fn get(&self, allow: &[String]) -> Result<Arc<Program>, seccomp::SeccompError> {
-        let mut cache = self.0.lock().unwrap();
+        let mut cache = self.0.lock().recover();
         if let Some(p) = cache.get(allow) {
             return Ok(p.clone());
         }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::{Counters, Mechanism};
 use crate::environment::Limits;
+use crate::sync::Recover;
 
 /// A cgroup layout that can hold per-sandbox groups (cgroup v2, or v1 with
 /// one directory per controller hierarchy).
@@ -205,7 +206,7 @@ impl GroupPool {
                         );
                         pool.kill(&group);
                     } else if pool.hierarchy.reusable(&group.files) {
-                        pool.free.lock().unwrap().push(group);
+                        pool.free.lock().recover().push(group);
                     } else {
                         pool.remove(&group);
                         pool.top_up();
@@ -214,7 +215,7 @@ impl GroupPool {
             });
         if let Err(e) = spawned {
             tracing::warn!("cannot start the cgroup recycler ({e}); groups are not reused");
-            *pool.recycle.lock().unwrap() = None;
+            *pool.recycle.lock().recover() = None;
         }
         pool
     }
@@ -237,7 +238,7 @@ impl GroupPool {
     /// Creates groups until `target` are free.
     fn top_up(&self) {
         let target = self.target.load(std::sync::atomic::Ordering::Relaxed);
-        let missing = target.saturating_sub(self.free.lock().unwrap().len());
+        let missing = target.saturating_sub(self.free.lock().recover().len());
         let mut made = Vec::new();
         for _ in 0..missing {
             match self.create() {
@@ -248,12 +249,12 @@ impl GroupPool {
                 }
             }
         }
-        self.free.lock().unwrap().extend(made);
+        self.free.lock().recover().extend(made);
     }
 
     /// A free group, or a new one.
     pub(super) fn take(&self) -> io::Result<Group> {
-        let free = self.free.lock().unwrap().pop();
+        let free = self.free.lock().recover().pop();
         match free {
             Some(g) => Ok(g),
             None => self.create(),
@@ -262,7 +263,7 @@ impl GroupPool {
 
     fn create(&self) -> io::Result<Group> {
         let id = {
-            let mut n = self.next_id.lock().unwrap();
+            let mut n = self.next_id.lock().recover();
             *n += 1;
             *n
         };
@@ -346,7 +347,7 @@ impl GroupPool {
 
     /// Returns a finished group to the pool once it is empty, in the background.
     pub(super) fn recycle(&self, group: Group) {
-        let sender = self.recycle.lock().unwrap().clone();
+        let sender = self.recycle.lock().recover().clone();
         if let Some(tx) = sender {
             let _ = tx.send(group);
         }
@@ -370,10 +371,10 @@ impl GroupPool {
     /// their way back (sandboxes discarded just now, or still being
     /// prepared) are emptied and removed too.
     pub(super) fn cleanup(&self) {
-        *self.recycle.lock().unwrap() = None;
+        *self.recycle.lock().recover() = None;
         // The recycler makes no more groups either.
         self.target.store(0, std::sync::atomic::Ordering::Relaxed);
-        self.free.lock().unwrap().clear();
+        self.free.lock().recover().clear();
         for c in self.hierarchy.containers() {
             remove_container(&c);
         }
@@ -481,6 +482,6 @@ mod tests {
         assert_eq!(files.number(0, "pids.current"), Some(0));
         assert!(files.write(0, "absent", "0").is_err());
         // Each file once for reading, pids.current once more for writing.
-        assert_eq!(files.open.lock().unwrap().len(), 3);
+        assert_eq!(files.open.lock().recover().len(), 3);
     }
 }

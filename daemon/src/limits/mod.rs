@@ -11,6 +11,7 @@ mod cgroup_v2;
 mod detect;
 mod groups;
 mod rlimits;
+
 pub mod systemd;
 
 use std::io;
@@ -21,6 +22,10 @@ use crate::environment::Limits;
 pub use detect::WithoutV2;
 use groups::{Group, GroupPool};
 pub use rlimits::Rlimit;
+
+/// What the memory limit is without a cgroup, said wherever the limits are
+/// described: RLIMIT_DATA counts a process's private memory only.
+pub const RLIMITS_MEMORY: &str = "memory as RLIMIT_DATA, per process, which does not count shared memory: MAP_SHARED mappings, memfd and System V segments are not limited";
 
 /// The active enforcement mechanism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +163,7 @@ impl Enforcer {
         match (&self.groups, &self.fallback_note) {
             (Some(g), _) => format!("{}; rlimits for cpu, file size, open files", g.describe()),
             (None, note) => format!(
-                "rlimits only (memory as RLIMIT_DATA, processes as RLIMIT_NPROC); no usable cgroup: {}",
+                "rlimits only (processes as RLIMIT_NPROC; {RLIMITS_MEMORY}); no usable cgroup: {}",
                 note.as_deref().unwrap_or("not probed")
             ),
         }

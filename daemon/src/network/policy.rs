@@ -275,6 +275,45 @@ impl Policy {
             .join(", ")
     }
 
+    /// What of this policy `bound` does not allow: the first entry no
+    /// entry of `bound` covers, or a per-run bound above `bound`'s; `None`
+    /// when this policy is within it (a declared command of the project
+    /// may never reach further than the operator lets it).
+    pub fn exceeds(&self, bound: &Policy) -> Option<String> {
+        let covered = |rule: &Rule| {
+            bound.rules.iter().any(|b| match (rule, b) {
+                (_, Rule::AnyName) => !matches!(rule, Rule::Addresses(_)),
+                (Rule::Name(n), _) => bound.admits(&Host::Name(n.clone())).is_ok(),
+                (Rule::Suffix(s), Rule::Suffix(t)) => {
+                    s == t || (s.len() > t.len() + 1 && s.ends_with(&format!(".{t}")))
+                }
+                (Rule::Addresses(net), Rule::Addresses(b)) => b.contains(net),
+                _ => false,
+            })
+        };
+        if let Some(rule) = self.rules.iter().find(|r| !covered(r)) {
+            return Some(match rule {
+                Rule::AnyName => "any public host".to_string(),
+                r => r.to_string(),
+            });
+        }
+        let (mine, most) = (self.bounds, bound.bounds);
+        if mine.max_connections > most.max_connections {
+            return Some(format!(
+                "max_connections = {} (at most {})",
+                mine.max_connections, most.max_connections
+            ));
+        }
+        if mine.max_transfer_bytes > most.max_transfer_bytes {
+            return Some(format!(
+                "transfer_mb = {} (at most {})",
+                mine.max_transfer_bytes >> 20,
+                most.max_transfer_bytes >> 20
+            ));
+        }
+        None
+    }
+
     /// First step: may a request for `host` go ahead (to resolution)?
     pub fn admits(&self, host: &Host) -> Result<(), Denial> {
         let listed = match host {

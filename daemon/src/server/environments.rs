@@ -5,6 +5,7 @@
 
 // What the server's module imports, and its items.
 use super::*;
+use crate::sync::Recover;
 
 impl SandboxServer {
     /// Replaces the environments offered (a Nix build ended): new tools,
@@ -19,7 +20,7 @@ impl SandboxServer {
     pub(super) fn replace_registry(&self, registry: Registry) {
         let registry = Arc::new(registry);
         let earlier = std::mem::replace(
-            &mut *self.shared.registry.write().unwrap(),
+            &mut *self.shared.registry.write().recover(),
             registry.clone(),
         );
         registry.log_new_warnings(Some(&earlier));
@@ -84,7 +85,7 @@ impl SandboxServer {
                 server.publish(registry);
             }
         });
-        if let Some(earlier) = self.building.lock().unwrap().replace(task) {
+        if let Some(earlier) = self.building.lock().recover().replace(task) {
             // Dropping its builds kills their `nix build`s.
             earlier.abort();
         }
@@ -92,7 +93,7 @@ impl SandboxServer {
 
     /// Stops following builds; their `nix build`s are killed.
     pub fn stop_builds(&self) {
-        if let Some(task) = self.building.lock().unwrap().take() {
+        if let Some(task) = self.building.lock().recover().take() {
             task.abort();
         }
     }
@@ -165,11 +166,12 @@ impl SandboxServer {
             .max()
             .unwrap_or(16 * 1024);
         self.output_bytes.store(output_bytes, Ordering::Relaxed);
-        *self.tools.write().unwrap() = vec![
+        *self.tools.write().recover() = vec![
             tool::run_tool(
                 &envs,
                 registry,
                 project,
+                state.unmounted.as_deref(),
                 &state.other_roots,
                 output_bytes,
                 &shared.executor.missing_protections(),

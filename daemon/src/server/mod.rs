@@ -39,9 +39,11 @@ mod project;
 pub mod result;
 mod roots;
 pub mod tool;
+mod uri;
 
 pub use roots::ProjectState;
 
+use crate::sync::Recover;
 use arguments::Arguments;
 use result::{ErrorCode, ToolError};
 
@@ -75,12 +77,12 @@ pub struct Shared {
 impl Shared {
     /// The environments offered now.
     pub fn registry(&self) -> Arc<Registry> {
-        self.registry.read().unwrap().clone()
+        self.registry.read().recover().clone()
     }
 
     /// The project now; a call keeps the one it started with.
     pub fn project_state(&self) -> Arc<ProjectState> {
-        self.project.read().unwrap().clone()
+        self.project.read().recover().clone()
     }
 }
 
@@ -185,7 +187,7 @@ impl SandboxServer {
     pub fn tools(&self) -> Vec<Tool> {
         let state = self.shared.project_state();
         let catalog = state.commands.catalog();
-        let mut tools = self.tools.read().unwrap().clone();
+        let mut tools = self.tools.read().recover().clone();
         if catalog.is_empty() {
             return tools;
         }
@@ -556,42 +558,8 @@ impl ServerHandler for SandboxServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let progress = context.meta.get_progress_token().map(|token| Progress {
-            peer: context.peer.clone(),
-            token,
-            before: Duration::ZERO,
-        });
-        self.ready(&context.peer).await;
-        let args = request.arguments.as_ref();
-        let commands = self.shared.project_state().commands.clone();
-        match request.name.as_ref() {
-            tool::RUN => Ok(self.run(args, context.ct.clone(), progress).await.into()),
-            tool::JOB => Ok(self.job(args, progress).await.into()),
-            tool::CONFIRM if commands.catalog().any_confirm() => Ok(self
-                .confirm(&commands, args, context.ct.clone(), progress)
-                .await
-                .into()),
-            other => {
-                let catalog = commands.catalog();
-                match catalog.by_tool(other) {
-                    Some(offered) => Ok(self
-                        .call_command(&commands, offered, args, &context, progress)
-                        .await
-                        .into()),
-                    None => Err(McpError::invalid_params(
-                        format!(
-                            "unknown tool {other:?}; this server offers: {}",
-                            self.tools()
-                                .iter()
-                                .map(|t| t.name.as_ref())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                        None,
-                    )),
-                }
-            }
-        }
+        let tool = request.name.to_string();
+        guarded(&tool, self.call_tool_unguarded(request, context)).await
     }
 
     async fn list_resources(
@@ -670,4 +638,109 @@ fn tell_tools_changed(peer: &Peer<RoleServer>) {
             tracing::debug!("cannot tell the client the tools changed: {e}");
         }
     });
+}
+
+impl SandboxServer {
+    /// A tool call, which [`guarded`] runs so that a panic fails it alone.
+    async fn call_tool_unguarded(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let progress = context.meta.get_progress_token().map(|token| Progress {
+            peer: context.peer.clone(),
+            token,
+            before: Duration::ZERO,
+        });
+        self.ready(&context.peer).await;
+        let args = request.arguments.as_ref();
+        let commands = self.shared.project_state().commands.clone();
+        match request.name.as_ref() {
+            tool::RUN => Ok(self.run(args, context.ct.clone(), progress).await.into()),
+            tool::JOB => Ok(self.job(args, progress).await.into()),
+            tool::CONFIRM if commands.catalog().any_confirm() => Ok(self
+                .confirm(&commands, args, context.ct.clone(), progress)
+                .await
+                .into()),
+            other => {
+                let catalog = commands.catalog();
+                match catalog.by_tool(other) {
+                    Some(offered) => Ok(self
+                        .call_command(&commands, offered, args, &context, progress)
+                        .await
+                        .into()),
+                    None => Err(McpError::invalid_params(
+                        format!(
+                            "unknown tool {other:?}; this server offers: {}",
+                            self.tools()
+                                .iter()
+                                .map(|t| t.name.as_ref())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        None,
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Runs `call` (the tool call `tool`); a panic in it (a bug) becomes an
+/// `internal` error of that call, and the server goes on serving.
+async fn guarded(
+    tool: &str,
+    call: impl std::future::Future<Output = Result<CallToolResponse, McpError>>,
+) -> Result<CallToolResponse, McpError> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!("a call to {tool} failed on an internal error (a bug): {what}");
+            let err = ToolError::new(
+                ErrorCode::Internal,
+                format!(
+                    "the server failed on an internal error (a bug) in this call to {tool}; other calls are unaffected"
+                ),
+                "Run it again; if it keeps happening, report it with the server's log.",
+            );
+            Ok(result::error_result(&err).into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_in_a_call_fails_that_call_alone() {
+        let panicking = async {
+            if true {
+                panic!("a bug");
+            }
+            Ok(CallToolResult::success(Vec::new()).into())
+        };
+        let answer = guarded("run", panicking).await.unwrap();
+        let CallToolResponse::Complete(r) = answer else {
+            panic!("not a tool result");
+        };
+        assert_eq!(r.is_error, Some(true));
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(
+            text.contains("\"internal\"") && text.contains("other calls are unaffected"),
+            "{text}"
+        );
+        // The runtime that ran it goes on.
+        let fine = guarded("run", async {
+            Ok(CallToolResult::success(Vec::new()).into())
+        })
+        .await;
+        assert!(fine.is_ok());
+    }
 }

@@ -11,6 +11,7 @@ use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleServer};
 
 use crate::exec::{Observer, Stream};
+use crate::sync::Recover;
 
 /// How often a running call reports.
 pub const INTERVAL: Duration = Duration::from_secs(1);
@@ -43,7 +44,7 @@ impl Observer for Live {
             Stream::Stdout => 0,
             Stream::Stderr => 1,
         };
-        let mut s = self.stats.lock().unwrap();
+        let mut s = self.stats.lock().recover();
         s.bytes[i] += data.len() as u64;
         s.lines[i] += data.iter().filter(|b| **b == b'\n').count() as u64;
         let tail = &data[data.len().saturating_sub(4 * LAST_LINE_CHARS)..];
@@ -63,7 +64,7 @@ impl Live {
         if !self.started.load(Ordering::Relaxed) {
             return "waiting for a free sandbox".to_string();
         }
-        let s = self.stats.lock().unwrap();
+        let s = self.stats.lock().recover();
         let mut m = format!(
             "running {:.0} s of {:.0} s; stdout {} lines ({}), stderr {} lines ({})",
             elapsed.as_secs_f64(),

@@ -123,7 +123,7 @@ impl SandboxServer {
             return None;
         }
         Some(Note {
-            report,
+            report: report.map(Box::new),
             of_session: session.is_some(),
             created_protected,
         })
@@ -154,6 +154,12 @@ pub(super) fn to_json(note: &Note) -> Value {
         }
         if !r.protected.is_empty() {
             v["protected"] = json!(r.protected);
+            if r.protected_more {
+                v["protected_more"] = json!(true);
+            }
+        }
+        if !r.summarized.is_empty() {
+            v["summarized"] = json!(r.summarized);
         }
     }
     if !note.created_protected.is_empty() {
@@ -191,10 +197,16 @@ pub(super) fn to_text(note: &Note) -> String {
             );
         }
         if !r.protected.is_empty() {
+            let more = if r.protected_more { ", and more" } else { "" };
+            let example = super::uri::percent_encode(&r.protected[0]);
             t += &format!(
-                "touches agent configuration or files the host runs: {} (the user should review these before applying)\n",
-                r.protected.join(", ")
+                "left out of the patch: {}{more} (agent or editor configuration, a repository, or files the host runs, which applying could run code on the user's machine; the user should review them: the resource {}?include={example} adds one by name)\n",
+                r.protected.join(", "),
+                r.uri
             );
+        }
+        for s in &r.summarized {
+            t += &format!("summarized: {s}\n");
         }
         match &r.patch {
             Some(p) if !p.is_empty() => t += &format!("--- patch ---\n{p}"),
@@ -223,8 +235,9 @@ pub(super) fn link(note: &Note) -> Option<ContentBlock> {
     let mut resource = Resource::new(r.uri.clone(), "changes.patch");
     resource.mime_type = Some(PATCH_MIME.to_string());
     resource.size = Some(r.patch_bytes as u64);
-    resource.description =
-        Some("The run's changes to the project as a git-style patch (git apply).".to_string());
+    resource.description = Some(
+        "The run's changes to the project as a git-style patch (git apply); protected paths are left out unless named with ?include=PATH.".to_string(),
+    );
     Some(ContentBlock::resource_link(resource))
 }
 
@@ -244,14 +257,58 @@ pub(super) fn list(ledger: &Ledger) -> ListResourcesResult {
     ListResourcesResult::with_all_items(resources)
 }
 
+/// A patch URI's base and the protected paths its query includes
+/// (`?include=PATH`, repeated, each percent-encoded).
+fn parse_patch_uri(uri: &str) -> Result<(&str, Vec<String>), McpError> {
+    let Some((base, query)) = uri.split_once('?') else {
+        return Ok((uri, Vec::new()));
+    };
+    let mut include = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let value = pair
+            .strip_prefix("include=")
+            .and_then(super::uri::percent_decode)
+            .and_then(|v| String::from_utf8(v).ok());
+        match value {
+            Some(v) => include.push(v),
+            None => {
+                return Err(McpError::invalid_params(
+                    format!(
+                        "{uri}: the only query a patch takes is include=PATH (a protected path the result named, percent-encoded), repeated for more"
+                    ),
+                    None,
+                ));
+            }
+        }
+    }
+    Ok((base, include))
+}
+
 pub(super) fn read(ledger: &Ledger, uri: &str) -> Result<ReadResourceResult, McpError> {
-    match ledger.patches.get(uri) {
-        Some(p) => Ok(ReadResourceResult::new(vec![
-            ResourceContents::text(p.text, uri).with_mime_type(PATCH_MIME),
-        ])),
-        None if uri.starts_with(URI_PREFIX) => Err(McpError::resource_not_found(
+    let (base, include) = parse_patch_uri(uri)?;
+    match ledger.patches.get(base) {
+        Some(p) => {
+            let text = p.with(&include).map_err(|missing| {
+                let have: Vec<&str> = p.protected().collect();
+                McpError::invalid_params(
+                    format!(
+                        "{base} has no protected path {missing:?} to include; it has: {}",
+                        if have.is_empty() {
+                            "none".to_string()
+                        } else {
+                            have.join(", ")
+                        }
+                    ),
+                    None,
+                )
+            })?;
+            Ok(ReadResourceResult::new(vec![
+                ResourceContents::text(text, uri).with_mime_type(PATCH_MIME),
+            ]))
+        }
+        None if base.starts_with(URI_PREFIX) => Err(McpError::resource_not_found(
             format!(
-                "{uri} is no longer kept (the server keeps the last {KEPT_PATCHES} patches); run the code again to see its changes"
+                "{base} is no longer kept (the server keeps the last {KEPT_PATCHES} patches); run the code again to see its changes"
             ),
             None,
         )),

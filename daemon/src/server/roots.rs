@@ -20,6 +20,7 @@ use super::SandboxServer;
 use crate::app::{self, ProjectOrigin};
 use crate::commands::Commands;
 use crate::jail::ProjectMount;
+use crate::sync::Recover;
 
 /// How long the client may take to list its roots; calls that arrive
 /// meanwhile wait for the answer (at most this long).
@@ -36,13 +37,21 @@ pub struct ProjectState {
     /// The client's other `file://` roots: named in the `run` tool's
     /// description, not mounted.
     pub other_roots: Vec<String>,
+    /// Why no project is mounted, when none is (said in the description).
+    pub unmounted: Option<String>,
     /// Stops the watcher of this state's project file.
     pub watching: CancellationToken,
 }
 
 impl ProjectState {
-    pub fn new(mount: Option<ProjectMount>, commands: Arc<Commands>) -> ProjectState {
+    /// `note`: why there is no project, when there is none.
+    pub fn new(
+        mount: Option<ProjectMount>,
+        note: Option<String>,
+        commands: Arc<Commands>,
+    ) -> ProjectState {
         ProjectState {
+            unmounted: note.filter(|_| mount.is_none()),
             mount,
             commands,
             root: None,
@@ -89,17 +98,7 @@ pub fn file_uri_path(uri: &str) -> Option<PathBuf> {
     };
     // A query or fragment is not part of the path.
     let path = path.split(['?', '#']).next().unwrap_or_default();
-    let mut bytes = Vec::with_capacity(path.len());
-    let mut input = path.bytes();
-    while let Some(b) = input.next() {
-        if b != b'%' {
-            bytes.push(b);
-            continue;
-        }
-        let hex = [input.next()?, input.next()?];
-        let value = u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?;
-        bytes.push(value);
-    }
+    let bytes = super::uri::percent_decode(path)?;
     if bytes.contains(&0) {
         return None;
     }
@@ -163,9 +162,10 @@ impl SandboxServer {
                     commands: current.commands.clone(),
                     root: current.root.clone(),
                     other_roots: roots.others,
+                    unmounted: current.unmounted.clone(),
                     watching: current.watching.clone(),
                 };
-                *self.shared.project.write().unwrap() = Arc::new(state);
+                *self.shared.project.write().recover() = Arc::new(state);
                 // Only the run tool's description changes.
                 self.make_tools(&self.shared.registry());
                 self.tell_tools_changed();
@@ -214,6 +214,7 @@ impl SandboxServer {
                 Commands::none()
             });
         let state = ProjectState {
+            unmounted: note.filter(|_| mount.is_none()),
             mount,
             commands: Arc::new(commands),
             root: roots.first,
@@ -221,7 +222,7 @@ impl SandboxServer {
             watching: self.shared.shutdown.child_token(),
         };
         let earlier =
-            std::mem::replace(&mut *self.shared.project.write().unwrap(), Arc::new(state));
+            std::mem::replace(&mut *self.shared.project.write().recover(), Arc::new(state));
         earlier.watching.cancel();
         self.watch_project_file();
         if config.project.use_flake {

@@ -19,11 +19,13 @@ pub const JOB: &str = "job";
 pub const CONFIRM: &str = "confirm";
 
 /// The `run` tool definition.
+/// `unmounted`: why there is no project, when there is none;
 /// `other_roots`: the client's roots besides the project, not mounted.
 pub fn run_tool(
     envs: &[Arc<Environment>],
     builds: &Registry,
     project: Option<&ProjectMount>,
+    unmounted: Option<&str>,
     other_roots: &[String],
     output_bytes: usize,
     missing: &[&str],
@@ -46,7 +48,15 @@ pub fn run_tool(
     let any_network = envs.iter().any(|e| e.network.policy().is_some());
     Tool::new(
         RUN,
-        description(envs, builds, project, other_roots, output_bytes, missing),
+        description(
+            envs,
+            builds,
+            project,
+            unmounted,
+            other_roots,
+            output_bytes,
+            missing,
+        ),
         Arc::new(object(input)),
     )
     .with_raw_output_schema(Arc::new(super::result::output_schema(
@@ -68,6 +78,7 @@ fn description(
     envs: &[Arc<Environment>],
     builds: &Registry,
     project: Option<&ProjectMount>,
+    unmounted: Option<&str>,
     other_roots: &[String],
     output_bytes: usize,
     missing: &[&str],
@@ -130,6 +141,9 @@ fn description(
             ProjectAccess::ReadOnly => "read-only",
         };
         d.push_str(&format!("Project: {} ({how}). ", p.mount_point));
+    } else if let Some(why) = unmounted {
+        let why = why.trim_start_matches("no project mounted: ");
+        d.push_str(&format!("No project is mounted ({why}). "));
     }
     if !other_roots.is_empty() {
         d.push_str(&format!(

@@ -20,6 +20,7 @@ use crate::exec::{
     supervise,
 };
 use crate::jail::ProjectMount;
+use crate::sync::Recover;
 
 /// How long a new agent may take to say it is ready.
 const START_LIMIT: Duration = Duration::from_secs(20);
@@ -140,7 +141,7 @@ impl Sessions {
                 return Err(e.into());
             }
         };
-        *session.last_used.lock().unwrap() = Instant::now();
+        *session.last_used.lock().recover() = Instant::now();
         let earlier_reset = state.reset.take();
         let start = match (state.agent.is_some(), state.started_once) {
             (true, _) => Start::Continued,
@@ -174,7 +175,7 @@ impl Sessions {
             }
             state.reset = Some(r.cause.clone());
         }
-        *session.last_used.lock().unwrap() = Instant::now();
+        *session.last_used.lock().recover() = Instant::now();
         Ok(SessionOutcome {
             outcome,
             start,
@@ -184,7 +185,7 @@ impl Sessions {
 
     /// A session that never ran takes no place in the table.
     fn forget_unstarted(&self, name: &str, session: &Arc<Session>, state: &State) {
-        let mut table = self.table.lock().unwrap();
+        let mut table = self.table.lock().recover();
         if !state.started_once && table.get(name).is_some_and(|s| Arc::ptr_eq(s, session)) {
             table.remove(name);
         }
@@ -192,7 +193,7 @@ impl Sessions {
 
     /// The session `name`, created for `env` when it does not exist yet.
     fn session(&self, name: &str, env: &Arc<Environment>) -> Result<Arc<Session>, SessionError> {
-        let mut table = self.table.lock().unwrap();
+        let mut table = self.table.lock().recover();
         if let Some(s) = table.get(name) {
             if s.env.name != env.name {
                 return Err(SessionError::OtherEnv {
@@ -203,7 +204,7 @@ impl Sessions {
             return Ok(s.clone());
         }
         // A name the reaper closed is reported once; the next call starts afresh.
-        if let Some((why, _)) = self.gone.lock().unwrap().remove(name) {
+        if let Some((why, _)) = self.gone.lock().recover().remove(name) {
             return Err(SessionError::Gone {
                 name: name.to_string(),
                 why,
@@ -215,7 +216,7 @@ impl Sessions {
             let victim = table
                 .iter()
                 .filter(|(_, s)| s.live.try_lock().is_ok())
-                .min_by_key(|(_, s)| *s.last_used.lock().unwrap())
+                .min_by_key(|(_, s)| *s.last_used.lock().recover())
                 .map(|(n, _)| n.clone());
             let Some(victim) = victim else {
                 let mut names: Vec<_> = table.keys().cloned().collect();
@@ -245,7 +246,7 @@ impl Sessions {
         kind: InterpreterKind,
         cancel: &CancellationToken,
     ) -> Result<Sandbox, SessionError> {
-        let project = self.project.read().unwrap().clone();
+        let project = self.project.read().recover().clone();
         let mut sandbox = self
             .executor
             .start_agent(AgentRequest {
@@ -286,12 +287,12 @@ impl Sessions {
     /// Closes sessions idle or older than the limits; returns how many.
     pub async fn reap(&self) -> usize {
         let expired: Vec<(String, Arc<Session>, String)> = {
-            let mut table = self.table.lock().unwrap();
+            let mut table = self.table.lock().recover();
             let now = Instant::now();
             let names: Vec<(String, String)> = table
                 .iter()
                 .filter_map(|(n, s)| {
-                    let idle = now.duration_since(*s.last_used.lock().unwrap());
+                    let idle = now.duration_since(*s.last_used.lock().recover());
                     let age = now.duration_since(s.created);
                     if idle >= self.limits.idle {
                         Some((
@@ -339,7 +340,13 @@ impl Sessions {
 
     /// Kills every session (at shutdown).
     pub async fn close_all(&self) {
-        let all: Vec<Arc<Session>> = self.table.lock().unwrap().drain().map(|(_, s)| s).collect();
+        let all: Vec<Arc<Session>> = self
+            .table
+            .lock()
+            .recover()
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
         for session in all {
             session.close().await;
         }
@@ -349,8 +356,8 @@ impl Sessions {
     /// other one, so each is closed (after its call in progress), and its
     /// next call is told `why`.
     pub async fn change_project(&self, project: Option<ProjectMount>, why: &str) {
-        *self.project.write().unwrap() = project;
-        let open: Vec<(String, Arc<Session>)> = self.table.lock().unwrap().drain().collect();
+        *self.project.write().recover() = project;
+        let open: Vec<(String, Arc<Session>)> = self.table.lock().recover().drain().collect();
         for (name, session) in open {
             self.remember_gone(name, why.to_string());
             session.close().await;
@@ -359,7 +366,7 @@ impl Sessions {
 
     /// Remembers, for a while, why the session `name` was closed.
     fn remember_gone(&self, name: String, why: String) {
-        let mut gone = self.gone.lock().unwrap();
+        let mut gone = self.gone.lock().recover();
         gone.retain(|_, (_, at)| at.elapsed() < REMEMBER_GONE);
         gone.insert(name, (why, Instant::now()));
     }

@@ -16,6 +16,7 @@
 //! always kept); the daemon checks it at start-up by running bubblewrap in
 //! such a root, and does without when that fails.
 
+use crate::sync::Recover;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
@@ -68,11 +69,11 @@ impl HostRoot {
     /// on the host, sorted.
     pub fn entries(&self, sources: &[PathBuf], stage_root: &Path) -> Vec<PathBuf> {
         let key = (sources.to_vec(), stage_root.to_path_buf());
-        if let Some(known) = self.known.lock().unwrap().get(&key) {
+        if let Some(known) = self.known.lock().recover().get(&key) {
             return known.clone();
         }
         let found = self.find(sources, stage_root);
-        let mut known = self.known.lock().unwrap();
+        let mut known = self.known.lock().recover();
         if known.len() >= KNOWN_MAX {
             known.clear();
         }

@@ -245,3 +245,45 @@ fn the_schema_accepts_both_forms() {
     assert!(text.contains("transfer_mb"), "{text}");
     assert!(text.contains("\"maximum\":1024"), "{text}");
 }
+
+#[test]
+fn a_policy_within_another_reaches_nothing_more() {
+    let p = |entries: &[&str]| Policy::from_entries(entries, Bounds::default()).unwrap();
+    let bound = p(&["pypi.org", "*.pythonhosted.org", "10.1.0.0/16"]);
+    assert_eq!(p(&["pypi.org"]).exceeds(&bound), None);
+    assert_eq!(p(&["files.pythonhosted.org"]).exceeds(&bound), None);
+    assert_eq!(p(&["*.a.pythonhosted.org"]).exceeds(&bound), None);
+    assert_eq!(p(&["10.1.2.0/24"]).exceeds(&bound), None);
+    assert_eq!(
+        p(&["pythonhosted.org"]).exceeds(&bound).as_deref(),
+        Some("pythonhosted.org")
+    );
+    assert_eq!(
+        p(&["evil.example"]).exceeds(&bound).as_deref(),
+        Some("evil.example")
+    );
+    assert_eq!(
+        p(&["*"]).exceeds(&bound).as_deref(),
+        Some("any public host")
+    );
+    assert_eq!(
+        p(&["10.0.0.0/8"]).exceeds(&bound).as_deref(),
+        Some("10.0.0.0/8")
+    );
+    // Any public host covers names, not ranges the filter refuses.
+    let any = Policy::any_public();
+    assert_eq!(p(&["evil.example", "*.x.y"]).exceeds(&any), None);
+    assert_eq!(
+        p(&["127.0.0.0/8"]).exceeds(&any).as_deref(),
+        Some("127.0.0.0/8")
+    );
+    let wide = Policy::from_entries(
+        &["pypi.org"],
+        Bounds {
+            max_connections: 500,
+            ..Bounds::default()
+        },
+    )
+    .unwrap();
+    assert!(wide.exceeds(&bound).unwrap().contains("max_connections"));
+}
