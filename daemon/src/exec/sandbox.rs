@@ -221,8 +221,9 @@ pub struct Sandbox {
     _reservation: Option<Reservation>,
     /// How the sandbox was paused, if it is.
     paused: Option<Pause>,
-    /// CPU time its processes had used when the current call began, where
-    /// no cgroup counts it (see `pidns.rs`).
+    /// CPU time its processes had used when the current call began (when
+    /// the previous one ended: it was paused between them), where no
+    /// cgroup counts it (see `pidns.rs`).
     call_cpu_start: Option<Duration>,
     pub(super) status: Status,
     pub(super) stdout: Channel,
@@ -238,12 +239,12 @@ pub struct Sandbox {
 }
 
 /// How a sandbox's processes were stopped between calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Pause {
     /// Its cgroup is frozen.
     Frozen,
     /// Every process got SIGSTOP (no freezable cgroup).
-    Stopped,
+    Stopped(super::pidns::Stopped),
 }
 
 impl Sandbox {
@@ -262,8 +263,7 @@ impl Sandbox {
         if self.lease.freeze(true) {
             self.paused = Some(Pause::Frozen);
         } else if let Some(init) = &self.init {
-            super::pidns::signal_all(init.pid(), rustix::process::Signal::STOP);
-            self.paused = Some(Pause::Stopped);
+            self.paused = Some(Pause::Stopped(super::pidns::stop_all(init.pid())));
         }
     }
 
@@ -289,19 +289,17 @@ impl Sandbox {
             Some(Pause::Frozen) => {
                 self.lease.freeze(false);
             }
-            Some(Pause::Stopped) => {
-                if let Some(init) = &self.init {
-                    super::pidns::signal_all(init.pid(), rustix::process::Signal::CONT);
-                }
-            }
+            Some(Pause::Stopped(stopped)) => stopped.resume(),
             None => {}
         }
     }
 
-    /// Starts counting a new call's CPU time.
+    /// Starts counting a new call's CPU time. Where it was counted before,
+    /// the total the previous call ended with stands (the sandbox was
+    /// paused since), so only a first call reads it.
     pub fn begin_call(&mut self) {
         self.lease.begin_call();
-        if !self.lease.counts_cpu() {
+        if !self.lease.counts_cpu() && self.call_cpu_start.is_none() {
             self.call_cpu_start = self.init.as_ref().map(|i| super::pidns::usage(i.pid()).0);
         }
     }
@@ -322,6 +320,7 @@ impl Sandbox {
         let usage = match (&self.init, self.call_cpu_start) {
             (Some(init), Some(start)) => {
                 let (cpu, peak) = super::pidns::usage(init.pid());
+                self.call_cpu_start = Some(cpu);
                 Usage {
                     cpu: Some(cpu.saturating_sub(start)),
                     peak_memory_bytes: usage.peak_memory_bytes.or(Some(peak)),

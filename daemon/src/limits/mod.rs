@@ -195,6 +195,7 @@ impl Enforcer {
                 pool: pool.clone(),
                 before: Counters::default(),
                 call_cpu_usec: None,
+                carried: false,
                 joined: false,
             }),
         })
@@ -235,6 +236,9 @@ struct CgroupLease {
     before: Counters,
     /// CPU time at the start of the current call.
     call_cpu_usec: Option<u64>,
+    /// `call_cpu_usec` is where the previous call ended (a session's next
+    /// call begins there: its sandbox is paused in between).
+    carried: bool,
     /// The sandbox's first process joins the group itself (see
     /// [`Lease::join_at_exec`]).
     joined: bool,
@@ -292,6 +296,7 @@ impl Lease {
     pub fn begin_call(&mut self) {
         if let Some(c) = &mut self.cgroup
             && let Some(g) = &c.group
+            && !c.carried
         {
             c.call_cpu_usec = c.pool.counters(g).cpu_usec;
         }
@@ -332,6 +337,10 @@ impl Lease {
             cpu_usec: c.before.cpu_usec,
             ..now
         };
+        // The next call of a session begins where this one ended: the
+        // sandbox is paused in between, so the counter is read once a call.
+        c.call_cpu_usec = now.cpu_usec;
+        c.carried = true;
         (usage, fired)
     }
 

@@ -5,7 +5,6 @@
 // but the code's own output.
 'use strict';
 const fs = require('fs');
-const net = require('net');
 const vm = require('vm');
 
 // Node has no fcntl: both pipes are reopened through /proc, which makes them
@@ -43,7 +42,10 @@ const fail = (e) => {
 process.on('uncaughtException', fail);
 process.on('unhandledRejection', fail);
 
-const flush = (stream) => new Promise((resolve) => stream.write('', resolve));
+// Output still queued in a stream reaches the daemon before the reply
+// does; an empty queue needs no turn of the event loop.
+const flush = (stream) => stream.writableLength === 0
+  ? null : new Promise((resolve) => stream.write('', resolve));
 const reply = async (message) => {
   await flush(process.stdout);
   await flush(process.stderr);
@@ -76,21 +78,32 @@ async function run(id, code) {
   await reply({ id, status });
 }
 
-const requests = new net.Socket({ fd: requestsFd, readable: true, writable: false });
+// Requests are read blocking, between calls: the event loop runs only
+// while a call does, so nothing the code left behind runs between calls
+// (the daemon also stops the sandbox then), and a request is taken as soon
+// as it is written, without a turn of the loop.
+const chunk = Buffer.alloc(64 << 10);
 let pending = Buffer.alloc(0);
-let queue = Promise.resolve();
-requests.on('data', (data) => {
-  pending = Buffer.concat([pending, data]);
-  for (;;) {
-    const end = pending.indexOf(10);
-    if (end < 0) return;
-    const [id, size] = pending.subarray(0, end).toString().split(' ').map(Number);
-    if (pending.length < end + 1 + size) return;
-    const code = pending.subarray(end + 1, end + 1 + size).toString();
-    pending = pending.subarray(end + 1 + size);
-    queue = queue.then(() => run(id, code));
+const more = () => {
+  const n = fs.readSync(requestsFd, chunk, 0, chunk.length, null);
+  if (n > 0) pending = Buffer.concat([pending, chunk.subarray(0, n)]);
+  return n > 0;
+};
+// The next request, or null when the daemon closed the session.
+const nextRequest = () => {
+  let end;
+  while ((end = pending.indexOf(10)) < 0) if (!more()) return null;
+  const [id, size] = pending.subarray(0, end).toString().split(' ').map(Number);
+  while (pending.length < end + 1 + size) if (!more()) return null;
+  const code = pending.subarray(end + 1, end + 1 + size).toString();
+  pending = pending.subarray(end + 1 + size);
+  return { id, code };
+};
+const serve = async () => {
+  for (let request = nextRequest(); request; request = nextRequest()) {
+    await run(request.id, request.code);
   }
-});
-// The daemon closed the session: end even if the code left timers behind.
-requests.on('end', () => { queue.then(() => exitProcess(0)); });
-reply({ ready: true });
+  // The daemon closed the session: end even if the code left timers behind.
+  exitProcess(0);
+};
+reply({ ready: true }).then(serve);

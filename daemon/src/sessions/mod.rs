@@ -24,6 +24,8 @@ use crate::sync::Recover;
 
 /// How long a new agent may take to say it is ready.
 const START_LIMIT: Duration = Duration::from_secs(20);
+/// How long after a call's end its session is paused (see [`pause_after`]).
+const PAUSE_AFTER: Duration = Duration::from_millis(3);
 /// Sessions closed for idleness or age are remembered (to say so) this long.
 const REMEMBER_GONE: Duration = Duration::from_secs(24 * 3600);
 
@@ -86,7 +88,8 @@ struct Session {
     created: Instant,
     last_used: Mutex<Instant>,
     /// One call at a time; `None` when the sandbox must be (re)started.
-    live: tokio::sync::Mutex<State>,
+    /// Shared, so that pausing after a call can hold it past the call.
+    live: Arc<tokio::sync::Mutex<State>>,
 }
 
 #[derive(Default)]
@@ -131,7 +134,7 @@ impl Sessions {
         let session = self.session(name, env)?;
         // Calls on one session queue here, before they take a run slot.
         let mut state = tokio::select! {
-            state = session.live.lock() => state,
+            state = session.live.clone().lock_owned() => state,
             _ = cancel.cancelled() => return Err(ExecError::CancelledWhileQueued.into()),
         };
         let _run_slot = match self.executor.slot(cancel).await {
@@ -176,6 +179,10 @@ impl Sessions {
             state.reset = Some(r.cause.clone());
         }
         *session.last_used.lock().recover() = Instant::now();
+        if state.agent.is_some() {
+            drop(state);
+            pause_after(session.live.clone(), id);
+        }
         Ok(SessionOutcome {
             outcome,
             start,
@@ -234,7 +241,7 @@ impl Sessions {
             env: env.clone(),
             created: Instant::now(),
             last_used: Mutex::new(Instant::now()),
-            live: tokio::sync::Mutex::new(State::default()),
+            live: Arc::new(tokio::sync::Mutex::new(State::default())),
         });
         table.insert(name.to_string(), s.clone());
         Ok(s)
@@ -382,6 +389,26 @@ impl Session {
     }
 }
 
+/// Nothing the code left running may use the CPU until the next call, so
+/// the sandbox is paused after call `id` — once its result is on its way
+/// ([`PAUSE_AFTER`] later, so that reading the sandbox's processes never
+/// competes with sending the result), unless the next call came first.
+fn pause_after(live: Arc<tokio::sync::Mutex<State>>, id: u64) {
+    tokio::spawn(async move {
+        tokio::time::sleep(PAUSE_AFTER).await;
+        let mut state = live.lock_owned().await;
+        if state.next_id != id || state.agent.is_none() {
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(agent) = state.agent.as_mut() {
+                agent.pause();
+            }
+        })
+        .await;
+    });
+}
+
 /// Runs one call in the agent's sandbox. Returns the outcome and, when the
 /// session had to be reset, why.
 async fn run_call(
@@ -409,10 +436,6 @@ async fn run_call(
     let (usage, fired) = sandbox.settle_call();
     let network = sandbox.network_report();
     let upper = sandbox.upper_layer().map(Arc::new);
-    if !watched.end.sandbox_ended() {
-        // Nothing the code left running may use the CPU until the next call.
-        sandbox.pause();
-    }
     let killed = (None, Some(libc::SIGKILL));
     let (status, exited) = match &watched.end {
         End::Replied(r) => ((Some(r.status.unwrap_or(1)), None), r.exited),
