@@ -85,4 +85,20 @@ step "VM tier: the daemon as a user and as root under systemd with cgroup v2"
 # Runs when the VM image of ../shared/vm exists (it prints SKIP otherwise).
 tests/vm/run-tier.sh
 
+step "speed: bench/speed.py --check against bench/limits.toml (release build)"
+# The docs' tables are bench/speed.py's, never typed: every marked block
+# must hold one, headed by the run that wrote it.
+python3 - <<'PY'
+import pathlib, re, sys
+bad = []
+for doc in ("docs/performance.md", "docs/sessions.md", "README.md"):
+    for name, body in re.findall(r"<!-- speed:([a-z_]+) -->\n(.*?)<!-- /speed:\1 -->", pathlib.Path(doc).read_text(), re.S):
+        if not body.startswith("Measured by `bench/speed.py` on ") or "\n| " not in body:
+            bad.append(f"{doc}: {name}")
+if bad:
+    sys.exit("speed blocks not written by bench/speed.py --write-docs: " + ", ".join(bad))
+PY
+cargo build --release --quiet
+python3 bench/speed.py --check
+
 printf '\nall tests passed in %ss\n' "$((SECONDS - start))"

@@ -82,17 +82,60 @@ def bare_bwrap(script: str, interpreter: str) -> list[str]:
     return args + ["--proc", "/proc", "--dev", "/dev", "--ro-bind", script, "/s", interpreter, "/s"]
 
 
-def parse_args(doc: str, **extra: int) -> argparse.Namespace:
-    """--bin (checked to exist), --runs, and each `extra` as an integer option."""
+def parse_args(doc: str, runs: int = 200, **extra: int) -> argparse.Namespace:
+    """--bin (checked to exist), --runs, --json, and each `extra` as an
+    integer option."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
-    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=runs)
+    ap.add_argument("--json", help="also write the tables and metrics to this file (for bench/speed.py)")
     for name, default in extra.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     a = ap.parse_args()
     if not pathlib.Path(a.bin).exists():
         raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
     return a
+
+
+class Table:
+    """A result table: printed for a person, and handed to bench/speed.py,
+    which renders it into the docs."""
+
+    def __init__(self, name: str, columns: list[str]) -> None:
+        self.name = name
+        self.columns = columns
+        self.rows: list[list] = []
+
+    def add(self, row: list) -> None:
+        self.rows.append(row)
+
+    @staticmethod
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return "" if v != v else f"{v:.2f}"
+        return str(v)
+
+    def text(self) -> str:
+        cells = [self.columns] + [[self.cell(v) for v in r] for r in self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
+        return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                         for r in cells)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "columns": self.columns, "rows": self.rows}
+
+
+def stats(xs: list[float]) -> tuple[float, float]:
+    """Median and p95."""
+    s = sorted(xs)
+    return statistics.median(s), s[min(len(s) - 1, int(len(s) * 0.95))]
+
+
+def write_json(a: argparse.Namespace, result: dict) -> None:
+    """Writes `result` ({"tables": [Table], "metrics": {...}}) where --json says."""
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(
+            {"tables": [t.to_json() for t in result["tables"]], "metrics": result["metrics"]}))
 
 
 def workdir() -> tuple[str, dict[str, str]]:
@@ -117,10 +160,13 @@ def timed(fn) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def main() -> None:
-    a = parse_args(__doc__, cli_runs=30)
-    work, env = workdir()
+LABELS = ["host", "bare bwrap", "MCP run", "MCP, cold interpreter", "MCP, cold pool", "MCP run, rlimits only",
+          "CLI run (bin/run)"]
 
+
+def measure(binary: str, runs: int, cli_runs: int, variants: bool = True) -> dict:
+    """`variants`: also the cold interpreter, cold pool and rlimits rows."""
+    work, env = workdir()
     programs = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3"),
                 "node": ("0\n", shutil.which("node") or "/usr/bin/node")}
     scripts = {}
@@ -129,10 +175,11 @@ def main() -> None:
         p.write_text(code)
         scripts[name] = str(p)
 
-    limits_on = Server(a.bin, env)
-    cold = Server(a.bin, {**env, "NIX_SANDBOX_WARM_START": "off"})
-    no_pool = Server(a.bin, {**env, "NIX_SANDBOX_POOL": "off"})
-    limits_off = Server(a.bin, {**env, "NIX_SANDBOX_LIMITS": "rlimits"})
+    servers = {"MCP run": Server(binary, env)}
+    if variants:
+        servers["MCP, cold interpreter"] = Server(binary, {**env, "NIX_SANDBOX_WARM_START": "off"})
+        servers["MCP, cold pool"] = Server(binary, {**env, "NIX_SANDBOX_POOL": "off"})
+        servers["MCP run, rlimits only"] = Server(binary, {**env, "NIX_SANDBOX_LIMITS": "rlimits"})
     rows: dict[tuple[str, str], list[float]] = {}
 
     def add(label: str, prog: str, ms: float) -> None:
@@ -140,45 +187,53 @@ def main() -> None:
 
     for name, (code, interp) in programs.items():
         for _ in range(10):  # warm caches and the cgroup pool
-            limits_on.run(name, code)
-            cold.run(name, code)
-            no_pool.run(name, code)
-            limits_off.run(name, code)
+            for server in servers.values():
+                server.run(name, code)
             quiet(bare_bwrap(scripts[name], interp))
-        for i in range(a.runs):
+        for i in range(runs):
             add("host", name, timed(lambda: quiet([interp, scripts[name]])))
             add("bare bwrap", name, timed(lambda: quiet(bare_bwrap(scripts[name], interp))))
-            add("MCP run", name, timed(lambda: limits_on.run(name, code)))
-            add("MCP, cold interpreter", name, timed(lambda: cold.run(name, code)))
-            add("MCP, cold pool", name, timed(lambda: no_pool.run(name, code)))
-            add("MCP run, rlimits only", name, timed(lambda: limits_off.run(name, code)))
-            if i < a.cli_runs:
-                cli = [a.bin, "run", "--env", name, code]
+            for label, server in servers.items():
+                add(label, name, timed(lambda: server.run(name, code)))
+            if i < cli_runs:
+                cli = [binary, "run", "--env", name, code]
                 add("CLI run (bin/run)", name, timed(lambda: quiet(cli, {**os.environ, **env})))
-    limits_on.close()
-    cold.close()
-    no_pool.close()
-    limits_off.close()
+    for server in servers.values():
+        server.close()
     shutil.rmtree(work, ignore_errors=True)
+    table = ratio_table("calls", rows, list(programs), [label for label in LABELS if any(k[1] == label for k in rows)])
+    metrics = {}
+    for name in programs:
+        bare = statistics.median(rows[(name, "bare bwrap")])
+        host = statistics.median(rows[(name, "host")])
+        mcp = statistics.median(rows[(name, "MCP run")])
+        metrics[f"calls.{name}.run_over_bare"] = mcp / bare
+        metrics[f"calls.{name}.run_over_host"] = mcp / host
+        metrics[f"calls.{name}.run_ms"] = mcp
+    return {"tables": [table], "metrics": metrics}
 
-    print_table(rows, list(programs), ["host", "bare bwrap", "MCP run", "MCP, cold interpreter", "MCP, cold pool",
-                                       "MCP run, rlimits only",
-                                       "CLI run (bin/run)"])
+
+def main() -> None:
+    a = parse_args(__doc__, cli_runs=30)
+    result = measure(a.bin, a.runs, a.cli_runs)
+    for t in result["tables"]:
+        print(t.text())
+    write_json(a, result)
 
 
-def print_table(rows: dict[tuple[str, str], list[float]], programs: list[str], labels: list[str]) -> None:
+def ratio_table(name: str, rows: dict[tuple[str, str], list[float]], programs: list[str], labels: list[str]) -> Table:
     """Median, p95 and the median's ratios to bare bubblewrap and to the
     host, per (program, label)."""
-    print(f"{'program':8} {'path':24} {'median ms':>10} {'p95 ms':>8} {'÷ bare bwrap':>13} {'÷ host':>7}")
+    table = Table(name, ["program", "path", "median ms", "p95 ms", "÷ bare bwrap", "÷ host"])
     for name in programs:
         floor = statistics.median(rows[(name, "bare bwrap")])
         host = statistics.median(rows.get((name, "host"), [float("nan")]))
         for label in labels:
-            xs = sorted(rows[(name, label)])
-            med = statistics.median(xs)
-            p95 = xs[min(len(xs) - 1, int(len(xs) * 0.95))]
-            print(f"{name:8} {label:24} {med:10.2f} {p95:8.2f} {med / floor:13.2f} {med / host:7.2f}")
-
+            if (name, label) not in rows:
+                continue
+            med, p95 = stats(rows[(name, label)])
+            table.add([name, label, med, p95, med / floor, med / host])
+    return table
 
 
 if __name__ == "__main__":

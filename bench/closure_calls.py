@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from bench import ROOT, Server, quiet
+from bench import ROOT, Server, Table, quiet, write_json
 
 # name: (host program, interpreter kind, code, code file name)
 PROGRAMS = {
@@ -149,16 +149,9 @@ def median_ms(fn, runs: int, pause: float = 0.0) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
-    ap.add_argument("--runs", type=int, default=40)
-    ap.add_argument("--seconds", type=float, default=4)
-    ap.add_argument("--sizes", default="10,200")
-    a = ap.parse_args()
+def measure(binary: str, runs: int, seconds: float, sizes: list[int], ways_wanted: tuple[str, ...] = ("store view", "path by path")) -> dict:
     if shutil.which("ldd") is None:
         raise SystemExit("closure_calls.py needs ldd (to copy the interpreters' libraries into its store)")
-    sizes = [int(s) for s in a.sizes.split(",")]
     if min(sizes) < 2:
         raise SystemExit("--sizes: a closure holds at least the interpreter and its libraries (2 paths)")
     # Not under /tmp, which every sandbox has its own of.
@@ -175,44 +168,67 @@ def main() -> None:
         rows = {}
         for artifact, (name, interpreter, closure, links) in made.items():
             rows[artifact] = {
-                "host": median_ms(lambda: quiet([interpreter, str(scripts[name])]), a.runs),
-                "bare": median_ms(lambda: quiet(bare(closure, links, interpreter, str(scripts[name]))), a.runs),
+                "host": median_ms(lambda: quiet([interpreter, str(scripts[name])]), runs),
+                "bare": median_ms(lambda: quiet(bare(closure, links, interpreter, str(scripts[name]))), runs),
             }
-        ways = (("store view", {}), ("path by path", {"NIX_SANDBOX_STORE_VIEW": "off"}))
+        ways = tuple((way, extra) for way, extra in (("store view", {}), ("path by path", {"NIX_SANDBOX_STORE_VIEW": "off"}))
+                     if way in ways_wanted)
         for way, extra in ways:
-            server = Server(a.bin, {**base_env, **extra}, ["--config", "/dev/null"])
+            server = Server(binary, {**base_env, **extra}, ["--config", "/dev/null"])
             try:
                 server.request("tools/list", {})
                 for artifact, (name, *_) in made.items():
                     code = PROGRAMS[name][2]
-                    rows[artifact][(way, "warm")] = median_ms(lambda: server.run(artifact, code), a.runs, pause=0.25)
-                    done, deadline = 0, time.monotonic() + a.seconds
+                    rows[artifact][(way, "warm")] = median_ms(lambda: server.run(artifact, code), runs, pause=0.25)
+                    done, deadline = 0, time.monotonic() + seconds
                     while time.monotonic() < deadline:
                         server.run(artifact, code)
                         done += 1
-                    rows[artifact][(way, "rate")] = done / a.seconds
+                    rows[artifact][(way, "rate")] = done / seconds
             finally:
                 server.close()
-            server = Server(a.bin, {**base_env, **extra, "NIX_SANDBOX_POOL": "off"}, ["--config", "/dev/null"])
+            server = Server(binary, {**base_env, **extra, "NIX_SANDBOX_POOL": "off"}, ["--config", "/dev/null"])
             try:
                 server.request("tools/list", {})
                 for artifact, (name, *_) in made.items():
                     code = PROGRAMS[name][2]
-                    rows[artifact][(way, "cold")] = median_ms(lambda: server.run(artifact, code), a.runs)
+                    rows[artifact][(way, "cold")] = median_ms(lambda: server.run(artifact, code), runs)
             finally:
                 server.close()
-        print(f"{'program':8} {'paths':>5} {'host ms':>8} {'bare bwrap':>10} {'way':>13} {'warm ms':>8} "
-              f"{'÷ bare':>7} {'÷ host':>7} {'cold pool ms':>13} {'back-to-back /s':>16}")
-        for artifact, r in rows.items():
-            name = made[artifact][0]
-            for i, (way, _) in enumerate(ways):
-                warm = r[(way, "warm")]
-                first = (f"{name:8} {artifact[len(name):]:>5} {r['host']:8.2f} {r['bare']:10.2f}" if i == 0
-                         else " " * 34)
-                print(f"{first} {way:>13} {warm:8.2f} {warm / r['bare']:7.2f} {warm / r['host']:7.2f} "
-                      f"{r[(way, 'cold')]:13.2f} {r[(way, 'rate')]:16.1f}")
     finally:
         shutil.rmtree(top, ignore_errors=True)
+    table = Table("closures", ["program", "paths", "host ms", "bare bwrap ms", "way", "warm ms", "÷ bare", "÷ host",
+                               "cold pool ms", "back to back, calls/s"])
+    metrics = {}
+    for artifact, r in rows.items():
+        name = made[artifact][0]
+        n = artifact[len(name):]
+        for i, (way, _) in enumerate(ways):
+            warm = r[(way, "warm")]
+            first = [name, n, r["host"], r["bare"]] if i == 0 else ["", "", "", ""]
+            table.add([*first, way, warm, warm / r["bare"], warm / r["host"], r[(way, "cold")], r[(way, "rate")]])
+            key = "view" if way == "store view" else "paths"
+            metrics[f"closures.{name}.{n}.{key}.rate"] = r[(way, "rate")]
+    for name in PROGRAMS:
+        for key in ("view", "paths"):
+            small, large = (metrics.get(f"closures.{name}.{n}.{key}.rate") for n in (min(sizes), max(sizes)))
+            if small and large:
+                metrics[f"closures.{name}.{key}.large_over_small"] = large / small
+    return {"tables": [table], "metrics": metrics}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--seconds", type=float, default=4)
+    ap.add_argument("--sizes", default="10,200")
+    ap.add_argument("--json", help="also write the tables and metrics to this file (for bench/speed.py)")
+    a = ap.parse_args()
+    result = measure(a.bin, a.runs, a.seconds, [int(s) for s in a.sizes.split(",")])
+    for t in result["tables"]:
+        print(t.text())
+    write_json(a, result)
 
 
 if __name__ == "__main__":

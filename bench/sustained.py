@@ -50,7 +50,7 @@ import shutil
 import subprocess
 import time
 
-from bench import ROOT, Server, bare_bwrap, workdir
+from bench import ROOT, Server, Table, bare_bwrap, workdir, write_json
 
 PROGRAMS = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3"),
             "node": ("0\n", shutil.which("node") or "/usr/bin/node")}
@@ -115,19 +115,8 @@ def bare(script: str, interpreter: str, k: int, seconds: float) -> int:
 SANDBOX_MEMORY_MB = 1024
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
-    ap.add_argument("--seconds", type=float, default=2)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--ks", default="1,2,4,8")
-    ap.add_argument("--env", choices=sorted(PROGRAMS), default="bash")
-    a = ap.parse_args()
-    if not pathlib.Path(a.bin).exists():
-        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
-    ks = [int(k) for k in a.ks.split(",")]
-    code, interpreter = PROGRAMS[a.env]
-
+def measure(binary: str, env_name: str, ks: list[int], seconds: float, rounds: int, rlimits: bool = True) -> dict:
+    code, interpreter = PROGRAMS[env_name]
     work, env = workdir()
     script = pathlib.Path(work) / "script"
     script.write_text(code)
@@ -136,22 +125,22 @@ def main() -> None:
     config.write_text(
         f"[server]\nmax_concurrent_runs = {max(ks)}\nmax_queued_runs = {4 * max(ks)}\nmemory_budget_mb = {budget_mb}\n"
     )
-    servers = {
-        "MCP run": Pipelined(a.bin, env, ["--config", str(config)]),
-        "MCP run, rlimits only": Pipelined(a.bin, {**env, "NIX_SANDBOX_LIMITS": "rlimits"}, ["--config", str(config)]),
-    }
+    servers = {"MCP run": Pipelined(binary, env, ["--config", str(config)])}
+    if rlimits:
+        servers["MCP run, rlimits only"] = Pipelined(binary, {**env, "NIX_SANDBOX_LIMITS": "rlimits"},
+                                                     ["--config", str(config)])
     for s in servers.values():  # warm caches, the pool and the cgroups
-        s.sustain(a.env, code, max(ks), 1)
+        s.sustain(env_name, code, max(ks), 1)
     bare(str(script), interpreter, 1, 1)
 
-    rows = {"bare bwrap": lambda k: (bare(str(script), interpreter, k, a.seconds), {})}
+    rows = {"bare bwrap": lambda k: (bare(str(script), interpreter, k, seconds), {})}
     for label, s in servers.items():
-        rows[label] = lambda k, s=s: s.sustain(a.env, code, k, a.seconds)
+        rows[label] = lambda k, s=s: s.sustain(env_name, code, k, seconds)
     done: dict[tuple[int, str], int] = collections.Counter()
     cpu: dict[tuple[int, str], float] = collections.Counter()
     failures: dict[tuple[int, str], collections.Counter] = collections.defaultdict(collections.Counter)
     round_ratios: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
-    for n in range(a.rounds):
+    for n in range(rounds):
         order = list(rows) if n % 2 == 0 else list(reversed(rows))
         for k in ks:
             this_round = {}
@@ -168,18 +157,43 @@ def main() -> None:
         s.close()
     shutil.rmtree(work, ignore_errors=True)
 
-    total = a.seconds * a.rounds
-    print(f"{a.env}, {a.rounds} x {a.seconds:g} s per row, uid {os.getuid()}")
-    print(f"{'k':>2} {'path':24} {'calls/s':>9} {'÷ bare bwrap':>13} {'rounds':>11} {'CPU ms a call':>14}  failed")
+    total = seconds * rounds
+    table = Table(f"sustained_{env_name}", ["k", "path", "calls/s", "÷ bare bwrap", "rounds", "CPU ms a call",
+                                            "failed"])
+    metrics = {}
     for k in ks:
         floor = done[(k, "bare bwrap")] / total
         for label in rows:
             rate = done[(k, label)] / total
-            failed = ", ".join(f"{code} x{n}" for code, n in failures[(k, label)].items()) or "-"
+            failed = ", ".join(f"{c} x{n}" for c, n in failures[(k, label)].items()) or "-"
             per_call = cpu[(k, label)] / max(done[(k, label)], 1) * 1000
             spread = round_ratios.get((k, label))
             spread_text = f"{min(spread):.2f}-{max(spread):.2f}" if spread else "-"
-            print(f"{k:>2} {label:24} {rate:9.1f} {rate / floor:13.2f} {spread_text:>11} {per_call:14.2f}  {failed}")
+            table.add([k, label, rate, rate / floor, spread_text, per_call, failed])
+            if label != "bare bwrap":
+                key = "run" if label == "MCP run" else "rlimits"
+                metrics[f"sustained.{env_name}.k{k}.{key}_over_bare"] = rate / floor
+                metrics[f"sustained.{env_name}.k{k}.{key}_failed"] = float(sum(failures[(k, label)].values()))
+    return {"tables": [table], "metrics": metrics,
+            "title": f"{env_name}, {rounds} x {seconds:g} s per row, uid {os.getuid()}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
+    ap.add_argument("--seconds", type=float, default=2)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--ks", default="1,2,4,8")
+    ap.add_argument("--env", choices=sorted(PROGRAMS), default="bash")
+    ap.add_argument("--json", help="also write the tables and metrics to this file (for bench/speed.py)")
+    a = ap.parse_args()
+    if not pathlib.Path(a.bin).exists():
+        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
+    result = measure(a.bin, a.env, [int(k) for k in a.ks.split(",")], a.seconds, a.rounds)
+    print(result["title"])
+    for t in result["tables"]:
+        print(t.text())
+    write_json(a, result)
 
 
 if __name__ == "__main__":

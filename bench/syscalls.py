@@ -15,20 +15,19 @@ import shutil
 import statistics
 import subprocess
 
-from bench import Server, parse_args, workdir
+from bench import Server, Table, parse_args, workdir, write_json
 
 PYTHON = "/usr/bin/python3"
 
 
-def main() -> None:
-    a = parse_args(__doc__, calls=200_000)
+def measure(binary: str, runs: int, calls: int) -> dict:
     work, env = workdir()
     code = ("import os, time\nt = time.perf_counter()\n"
-            f"for _ in range({a.calls}): os.getppid()\n"
-            f"print((time.perf_counter() - t) / {a.calls} * 1e9)\n")
-    server = Server(a.bin, env)
+            f"for _ in range({calls}): os.getppid()\n"
+            f"print((time.perf_counter() - t) / {calls} * 1e9)\n")
+    server = Server(binary, env)
     sandbox, host = [], []
-    for _ in range(a.runs):
+    for _ in range(runs):
         r = server.request("tools/call", {"name": "run", "arguments": {"env": "python", "code": code}})
         sandbox.append(float(r["result"]["structuredContent"]["stdout"]))
         host.append(float(subprocess.run([PYTHON, "-c", code], capture_output=True, text=True,
@@ -36,10 +35,21 @@ def main() -> None:
     server.close()
     shutil.rmtree(work, ignore_errors=True)
     s, h = statistics.median(sandbox), statistics.median(host)
-    print(f"os.getppid() loop, ns a turn (median of {a.runs} x {a.calls}):")
-    print(f"  host {PYTHON:18} {h:7.1f}")
-    print(f"  sandbox (MCP run)        {s:7.1f}")
-    print(f"  added by the sandbox     {s - h:7.1f}")
+    table = Table("syscalls", ["os.getppid() loop", "ns a turn"])
+    table.add([f"host {PYTHON}", h])
+    table.add(["sandbox (MCP run)", s])
+    table.add(["added by the sandbox", s - h])
+    return {"tables": [table], "metrics": {"syscalls.added_ns": s - h, "syscalls.sandbox_over_host": s / h},
+            "title": f"median of {runs} x {calls}"}
+
+
+def main() -> None:
+    a = parse_args(__doc__, runs=9, calls=200_000)
+    result = measure(a.bin, a.runs, a.calls)
+    print(result["title"])
+    for t in result["tables"]:
+        print(t.text())
+    write_json(a, result)
 
 
 if __name__ == "__main__":
