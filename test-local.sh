@@ -1,24 +1,63 @@
 #!/usr/bin/env bash
 # The project's single test command. Builds the daemon, runs the cargo tests
 # (unit and real-bubblewrap integration), drives the real binary over MCP stdio
-# with the official Python SDK, and runs the Nix tier when Nix is installed.
+# with the official Python SDK (as root and as a non-root user), runs the Nix
+# tier when Nix is installed and the VM tier when its image exists, and gates
+# speed with bench/speed.py --check. It ends with a summary: the tiers run,
+# the tiers skipped and why, and every test that skipped itself and why.
+#
+# NSM_REQUIRE=vm,nix,modules (any of them, comma-separated) turns skipping
+# that tier into a failure, for a run that must not skip it.
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$PWD
 start=$SECONDS
 
-step() { printf '\n==> %s (at %ss)\n' "$*" "$((SECONDS - start))"; }
+ran=()
+skipped_tiers=()
+# Tests that skip at run time append a line here (daemon/tests/common/skip.rs,
+# daemon/src/skip.rs); the pytest runs add their SKIPPED lines.
+skip_log=$(mktemp)
+export NSM_SKIP_LOG=$skip_log
+cleanup=("$skip_log")
+trap 'rm -rf "${cleanup[@]}"' EXIT
 
-# A full run writes about 5 GiB (the debug build and its tests); say so up
-# front rather than fail halfway with "No space left on device".
+step() { printf '\n==> %s (at %ss)\n' "$*" "$((SECONDS - start))"; }
+tier_ran() { ran+=("$1"); }
+# tier_skipped NAME KEY WHY: KEY is what NSM_REQUIRE names it by.
+tier_skipped() {
+  step "$1 skipped: $3"
+  if [[ ",${NSM_REQUIRE:-}," == *",$2,"* ]]; then
+    echo "the $1 was skipped, and NSM_REQUIRE names it ($2)" >&2
+    exit 1
+  fi
+  skipped_tiers+=("$1: $3")
+}
+# pytest with its skip reasons kept for the summary.
+pytest_run() {
+  local log rc
+  log=$(mktemp)
+  set +e
+  "$@" -rs 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  grep -E '^SKIPPED ' "$log" | sed "s|^|tests/mcp ($(id -un)): |" >>"$skip_log" || true
+  rm -f "$log"
+  return "$rc"
+}
+
+# A full run writes about 6 GiB (the debug and release builds and their
+# tests); say so up front rather than fail halfway with "No space left on device".
 free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
-if [ "${free_kib:-0}" -lt $((5 * 1024 * 1024)) ]; then
-  echo "warning: $((${free_kib:-0} / 1024)) MiB free under $root; a full run needs about 5 GiB" >&2
+if [ "${free_kib:-0}" -lt $((6 * 1024 * 1024)) ]; then
+  echo "warning: $((${free_kib:-0} / 1024)) MiB free under $root; a full run needs about 6 GiB" >&2
 fi
 
 step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
+python3 tests/docs-check.py
+tier_ran "format, lint, the docs' test names"
 
 step "build"
 cargo build --quiet
@@ -26,9 +65,11 @@ bin=$root/target/debug/nix-sandbox-mcp
 
 step "the README's first commands, as written (installed into a temporary root)"
 tests/readme-commands.sh
+tier_ran "README first commands"
 
 step "cargo tests (unit + integration with real bubblewrap)"
 cargo test --quiet
+tier_ran "cargo tests"
 
 step "MCP client suite, host mode (official Python SDK over stdio)"
 venv=$root/.venv
@@ -41,18 +82,24 @@ if [ ! -x "$venv/bin/python" ] || ! grep -q "^home = $(dirname "$python")\$" "$v
   "$python" -m venv "$venv"
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
-(cd tests/mcp && NSM_BIN=$bin NSM_MODE=host "$venv/bin/python" -m pytest)
+(cd tests/mcp && NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest)
+tier_ran "MCP suite as $(id -un)"
 
 # Most users run the server as themselves, without a cgroup of their own:
 # limits then fall back to rlimits. Run the load, hostile and session suites
 # that way too (as root, in a throwaway user).
 if [ "$(id -u)" = 0 ]; then
-  step "MCP client suite as a non-root user (basics, load, hostile code and projects, sessions, network, project, builds and caches, roots, closures, pre-started interpreters)"
+  step "MCP client suite as a non-root user (basics, load, hostile code and projects, lifetime, sessions, network, project, builds and caches, roots, closures, pre-started interpreters)"
   user=nsm-tester
   id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
-  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest test_basic.py test_load.py test_hostile.py test_hostile_project.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py"
+  user_log=$(mktemp)
+  chmod 666 "$user_log"
+  cleanup+=("$user_log")
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_load.py test_hostile.py test_hostile_project.py test_lifetime.py test_switches.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
+  grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user): |" >>"$skip_log" || true
+  tier_ran "MCP suite as $user (rlimits)"
 else
-  step "non-root tier: this run already is one (uid $(id -u))"
+  tier_skipped "non-root tier" nonroot "this run already is one (uid $(id -u))"
 fi
 
 if command -v nix-build >/dev/null 2>&1; then
@@ -61,29 +108,36 @@ if command -v nix-build >/dev/null 2>&1; then
 
   step "Nix tier: artifacts built by mkSandbox from host packages, served over MCP"
   artifacts=$(mktemp -d)
-  trap 'rm -rf "$artifacts"' EXIT
+  cleanup+=("$artifacts")
   NSM_BIN=$bin nix/tests/build-e2e-artifacts.sh "$artifacts"
-  (cd tests/mcp && NSM_BIN=$bin NSM_MODE=closure NIX_SANDBOX_DIR=$artifacts "$venv/bin/python" -m pytest test_basic.py test_nix.py test_sessions.py test_warm.py)
+  (cd tests/mcp && NSM_BIN=$bin NSM_MODE=closure NIX_SANDBOX_DIR=$artifacts pytest_run "$venv/bin/python" -m pytest test_basic.py test_nix.py test_sessions.py test_warm.py)
 
   step "Nix tier: a devShell captured into a sandbox"
   NSM_BIN=$bin nix/tests/shell-env.sh
 
   step "Nix tier: start-up builds of a git project with its own nixpkgs, no secrets in the store"
   NSM_BIN=$bin nix/tests/project-flake.sh
+  tier_ran "Nix tier (eval, artifacts, devShell, project flake)"
 
   if [ -n "${NIXPKGS_LIB:-}" ]; then
     step "Nix tier: the NixOS and home-manager modules and flake.nix, evaluated with nixpkgs' lib"
     nix/tests/modules.sh
+    tier_ran "Nix module tests"
   else
-    step "Nix tier: module tests skipped (set NIXPKGS_LIB to a checkout of nix-community/nixpkgs.lib)"
+    tier_skipped "Nix module tests" modules "NIXPKGS_LIB is not set (a checkout of nix-community/nixpkgs.lib)"
   fi
 else
-  step "Nix tier skipped (nix is not installed; .ci/run installs it)"
+  tier_skipped "Nix tier" nix "nix is not installed (.ci/run installs it)"
 fi
 
 step "VM tier: the daemon as a user and as root under systemd with cgroup v2"
-# Runs when the VM image of ../shared/vm exists (it prints SKIP otherwise).
-tests/vm/run-tier.sh
+vm_rc=0
+tests/vm/run-tier.sh || vm_rc=$?
+case $vm_rc in
+  0) tier_ran "VM tier (systemd, cgroup v2, as dev and as root)" ;;
+  77) tier_skipped "VM tier" vm "no VM image (../shared/vm/build.sh makes one; .ci/run does)" ;;
+  *) exit "$vm_rc" ;;
+esac
 
 step "speed: bench/speed.py --check against bench/limits.toml (release build)"
 # The docs' tables are bench/speed.py's, never typed: every marked block
@@ -100,5 +154,21 @@ if bad:
 PY
 cargo build --release --quiet
 python3 bench/speed.py --check
+tier_ran "speed gate"
 
+printf '\n==> summary (%ss)\n' "$((SECONDS - start))"
+printf 'tiers run:\n'
+printf '  %s\n' "${ran[@]}"
+if [ ${#skipped_tiers[@]} -gt 0 ]; then
+  printf 'tiers skipped:\n'
+  printf '  %s\n' "${skipped_tiers[@]}"
+else
+  printf 'tiers skipped: none\n'
+fi
+if [ -s "$skip_log" ]; then
+  printf 'tests skipped (%s):\n' "$(wc -l <"$skip_log")"
+  sed 's/^/  /' "$skip_log"
+else
+  printf 'tests skipped: none\n'
+fi
 printf '\nall tests passed in %ss\n' "$((SECONDS - start))"

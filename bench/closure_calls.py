@@ -75,9 +75,12 @@ def links_for(libraries: list[pathlib.Path], libs: pathlib.Path) -> dict[str, st
     return links
 
 
-def make_store(top: pathlib.Path, sizes: list[int]) -> tuple[pathlib.Path, dict]:
+def make_store(top: pathlib.Path, sizes: list[int], plain_names: bool = False) -> tuple[pathlib.Path, dict]:
     """The bench's store and one artifact per interpreter and size; returns
-    the store and, per artifact name, (program, interpreter, closure, links)."""
+    the store and, per artifact name, (program, interpreter, closure, links).
+    Artifacts are named for their interpreter and size (`bash10`), or, with
+    `plain_names` and one size, for the interpreter alone (`bash`), as the
+    Nix package's presets are."""
     store = top / "store"
     artifacts = top / "artifacts"
     libs = store_path(store, 1, "host-libs")
@@ -114,7 +117,7 @@ def make_store(top: pathlib.Path, sizes: list[int]) -> tuple[pathlib.Path, dict]
                             ignore_dangling_symlinks=True)
         for n in sizes:
             closure = [str(prefix), str(libs)] + [str(p) for p in padding[: max(n - 2, 0)]]
-            artifact = f"{name}{n}"
+            artifact = name if plain_names and len(sizes) == 1 else f"{name}{n}"
             d = artifacts / artifact
             d.mkdir(parents=True)
             (d / "manifest.json").write_text(json.dumps({

@@ -9,8 +9,10 @@ started once). Interleaved, --runs of each:
   host mode              the server with no configuration: bash, python and
                          node found on the host
   three Nix artifacts    the server with NIX_SANDBOX_DIR holding three
-                         artifacts (bash, python, node, 10 store paths each,
-                         built like closure_calls.py's) and no host presets
+                         artifacts named bash, python and node (10 store
+                         paths each, built like closure_calls.py's), which
+                         take the host presets' places, as the Nix
+                         package's own presets do
 
 usage: bench/first_result.py [--bin target/release/nix-sandbox-mcp] [--runs 10] [--json FILE]
 """
@@ -62,15 +64,15 @@ def measure(binary: str, runs: int) -> dict:
     try:
         script = pathlib.Path(work) / "bash.script"
         script.write_text(":\n")
-        store, made = make_store(top, [10])
+        store, made = make_store(top, [10], plain_names=True)
         nix_env = {**env, "NIX_STORE_DIR": str(store), "NIX_SANDBOX_DIR": str(top / "artifacts"),
                    "NIX_SANDBOX_BUILTIN": ""}
         rows: dict[str, list[float]] = {"bare bwrap + bash": [], "host mode": [], "three Nix artifacts": []}
         for _ in range(runs):
             rows["bare bwrap + bash"].append(timed(lambda: quiet(bare_bwrap(str(script), "/usr/bin/bash"))))
             rows["host mode"].append(first_result(binary, env, "bash"))
-            if "bash10" in made:
-                rows["three Nix artifacts"].append(first_result(binary, nix_env, "bash10"))
+            if "bash" in made:
+                rows["three Nix artifacts"].append(first_result(binary, nix_env, "bash"))
     finally:
         shutil.rmtree(top, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)

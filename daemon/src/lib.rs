@@ -34,4 +34,6 @@ pub mod registry;
 pub mod seccomp;
 pub mod server;
 pub mod sessions;
+#[cfg(test)]
+mod skip;
 pub mod sync;

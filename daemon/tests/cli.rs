@@ -91,6 +91,41 @@ fn run_reads_code_from_a_file_or_stdin() {
 }
 
 #[test]
+fn run_tells_its_own_failures_from_the_programs_by_exit_status() {
+    // The program's own statuses pass through, 1 included.
+    let o = out(&mut cli(&["run", "--env", "bash", "exit 1"]));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        !text(&o.stderr).contains("nix-sandbox-mcp:"),
+        "{}",
+        text(&o.stderr)
+    );
+    // Killed by a signal: 128 + N, as a shell reports it.
+    let o = out(&mut cli(&["run", "--env", "bash", "kill -9 $$"]));
+    assert_eq!(o.status.code(), Some(137), "{}", text(&o.stderr));
+    // The server could not start: 123, never the program's 1.
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), "[defaults]\ntimeot_ms = 5\n");
+    let o =
+        out(cli(&["--config", "config.toml", "run", "--env", "bash", ":"]).current_dir(dir.path()));
+    assert_eq!(o.status.code(), Some(123), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).starts_with("nix-sandbox-mcp: "),
+        "{}",
+        text(&o.stderr)
+    );
+    // The table is in --help.
+    let o = out(&mut cli(&["run", "--help"]));
+    let help = text(&o.stdout);
+    for status in ["123", "124", "125", "126", "127", "128+N", "130", "141"] {
+        assert!(
+            help.contains(status),
+            "run --help lacks exit status {status}"
+        );
+    }
+}
+
+#[test]
 fn run_timeout_exits_124_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "[defaults]\ntimeout_ms = 500\n");
@@ -111,7 +146,7 @@ fn run_timeout_exits_124_and_says_so() {
 #[test]
 fn unknown_environment_lists_the_available_ones() {
     let o = out(&mut cli(&["run", "--env", "cobol", "x"]));
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(127));
     let e = text(&o.stderr);
     assert!(
         e.contains("\"cobol\"") && e.contains("bash") && e.contains("python") && e.contains("node"),

@@ -265,6 +265,7 @@ in
         );
       tableNames = builtins.attrNames tables ++ [
         "inherit_env"
+        "grants"
         "params"
       ];
     in

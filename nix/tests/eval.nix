@@ -104,6 +104,12 @@ let
   builtinOf = server: builtins.attrNames server.sandboxes;
 
   throwsTests = {
+    "a grant to a project file's command names its key when wrong" = {
+      expr = (import ../lib/schema.nix).checkConfig {
+        project.grants.deploy.danger = "harmless";
+      };
+      throws = "project.grants.deploy.danger";
+    };
     # Names
     "mkSandbox rejects a name with a space" = {
       expr = (mkSandbox { name = "a b"; interpreter = "bash"; }).manifestTemplate;
@@ -371,7 +377,45 @@ let
     };
   };
 
+  # The flake's VM test, with runNixOSTest standing in as the identity:
+  # its machine's configuration and its script, evaluated.
+  vmTest = import ./vm.nix {
+    pkgs = pkgs // {
+      testers.runNixOSTest = test: test;
+    };
+    nixosModule = ../modules/nixos.nix;
+  };
+  vmMachine = vmTest.nodes.machine { inherit pkgs; };
+
   valueTests = {
+    "grants to a project file's commands pass the schema" = {
+      expr = builtins.deepSeq ((import ../lib/schema.nix).checkConfig {
+        project.grants.deploy = {
+          network.allow = [ "staging.example.com" ];
+          danger = "safe";
+          timeout_ms = 600000;
+        };
+      }) true;
+      expected = true;
+    };
+    "the VM test's script checks what the module gives: an overlay project, not a read-only one" = {
+      expr = {
+        overlay = builtins.match ".*copy-on-write overlay.*changes.*test -e /srv/project/new.*" vmTest.testScript != null;
+        readOnly = builtins.match ".*Read-only file system.*" vmTest.testScript != null;
+        subtests = builtins.length (builtins.filter builtins.isList (builtins.split "with subtest" vmTest.testScript));
+        projectPath = vmMachine.programs.nix-sandbox-mcp.settings.project.path;
+        # The module's default mode is the daemon's: overlay.
+        modeSet = vmMachine.programs.nix-sandbox-mcp.settings.project ? mode;
+      };
+      expected = {
+        overlay = true;
+        readOnly = false;
+        subtests = 7;
+        projectPath = "/srv/project";
+        modeSet = false;
+      };
+    };
+
     "the reserved variables and presets are the daemon's, from its generated schema" = {
       expr = {
         inherit (import ../lib/schema.nix) reservedVariables presetNames;

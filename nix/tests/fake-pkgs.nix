@@ -49,6 +49,7 @@ rec {
   cacert = package "nss-cacert" "3.115";
   nodejs = package "nodejs" "22.17.0";
   python3 = package "python3" "3.13.5" // {
+    interpreter = "${storePath "python3-3.13.5"}/bin/python3";
     pkgs = {
       requests = package "requests" "2.32.4";
       python-dateutil = package "python-dateutil" "2.9.0.post0";

@@ -27,7 +27,7 @@ pkgs.testers.runNixOSTest {
       };
 
       users.users.alice.isNormalUser = true;
-      # Owned by alice, so only the read-only mount can stop her code writing.
+      # Owned by alice, so that her code could write it if the overlay let it through.
       systemd.tmpfiles.rules = [
         "d /srv/project 0755 alice users -"
         "f /srv/project/README 0644 alice users - hello from the project"
@@ -75,10 +75,10 @@ pkgs.testers.runNixOSTest {
         r = run("python", "import os\nprint(os.listdir('/usr'), os.listdir('/usr/bin'), os.path.exists('/run/current-system'), os.path.exists('/home/alice'))")
         assert r["ok"] and r["stdout"] == "['bin'] ['env'] False False\n", r
 
-    with subtest("the project is mounted read-only"):
-        r = run("bash", "cat /project/README; echo; touch /project/new")
-        assert not r["ok"] and r["stdout"].startswith("hello from the project"), r
-        assert "Read-only file system" in r["stderr"], r
+    with subtest("the project is a copy-on-write overlay: writable, the host's files untouched"):
+        r = run("bash", "cat /project/README; echo; echo made > /project/new && cat /project/new")
+        assert r["ok"] and r["stdout"] == "hello from the project\nmade\n", r
+        assert r["changes"]["added"] == 1 and "+made" in r["changes"]["patch"], r
         machine.fail("test -e /srv/project/new")
 
     with subtest("the network is blocked"):

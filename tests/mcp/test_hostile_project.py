@@ -348,3 +348,26 @@ def test_shared_memory_is_limited_or_said_not_to_be():
         assert err and "held 512 MiB" not in sc["stdout"], text
         assert sc.get("limit") == "memory" or "memory" in sc.get("limits_reached", []), dump(sc)
         assert "shared memory" not in description, description
+
+
+def test_the_repositorys_own_git_directory_is_never_in_the_patch():
+    proj = writable_project()
+    git(proj, "init", "-q")
+    git(proj, "add", "notes.txt")
+    git(proj, "commit", "-qm", "first")
+    open_to_all(proj)
+    if os.getuid() == 0:
+        for p in [proj / ".git", *(proj / ".git").rglob("*")]:
+            os.chown(p, 65534, 65534, follow_symlinks=False)
+
+    async def t():
+        async with session(project=str(proj)) as s:
+            code = ("cd /project && git -c safe.directory=/project -c user.name=a -c user.email=a@b commit -qam x --allow-empty"
+                    " && echo 'fsmonitor = evil' >> .git/config && echo edited >> notes.txt")
+            sc, text, err = await call(s, "bash", code)
+            assert not err, text
+            changes = sc["changes"]
+            assert changes["protected"] == [".git"], dump(changes)
+            patch = (await s.read_resource(changes["patch_uri"])).contents[0].text
+            assert "notes.txt" in patch and ".git" not in patch, patch
+    run_async(t)

@@ -239,3 +239,32 @@ def test_the_audit_log_records_allowed_and_denied_hosts(upstream):
     assert [a["host"] for a in entry["network"]["allowed"]] == ["allowed.test"], entry
     assert [d["host"] for d in entry["network"]["denied"]] == ["denied.test"], entry
     os.remove(log)
+
+
+def command_fetch(name: str, urls: list[str], network: str | None, env: str = "web") -> str:
+    script = "".join(fetch(u) for u in urls)
+    argv = json.dumps(["python3", "-c", script])
+    line = f"network = {network}\n" if network else ""
+    return f'[commands.{name}]\ndescription = "Fetch"\nenv = "{env}"\nargv = {argv}\n{line}'
+
+
+def test_a_declared_commands_network_is_its_own_off_by_default_else_its_allowlist(upstream):
+    allowed, denied = f"http://allowed.test:{upstream.port}/", f"http://denied.test:{upstream.port}/"
+    config = (CONFIG
+              # In an environment with network, a command without `network` has none.
+              + command_fetch("fetch_default", [allowed], None)
+              # Its own allowlist, narrower than the environment's, through the proxy.
+              + command_fetch("fetch_listed", [allowed, denied], '{ allow = ["allowed.test", "127.0.0.0/8"] }',
+                              env="offline"))
+
+    async def t(s):
+        r = await s.call_tool("fetch_default", {})
+        out = r.structured_content["stdout"]
+        assert out.startswith("failed"), out
+        assert "network" not in r.structured_content or not r.structured_content["network"].get("allowed"), r
+        r = await s.call_tool("fetch_listed", {})
+        sc = r.structured_content
+        assert sc["stdout"].startswith("status 200\nstatus 403"), sc
+        assert [a["host"] for a in sc["network"]["allowed"]] == ["allowed.test"], sc
+        assert "denied.test" in " ".join(sc["network_denied"]), sc
+    with_server(t, config)

@@ -3,7 +3,7 @@
 # cgroup v2 and a logged-in user `dev`, see ../shared/vm/README.md) as dev and
 # as root, with the daemon freshly built into target/. The
 # repository is shared into the VM at the same path. Without the VM image it
-# prints SKIP and exits 0.
+# prints SKIP and exits 77 (test-local.sh reports the tier as skipped).
 # Usage: tests/vm/run-tier.sh [--user dev|root|both] [-- COMMAND...]
 #   COMMAND runs in the repository root inside the VM; the default is
 #   tests/vm/limits-checks.sh with the daemon.
@@ -27,11 +27,11 @@ esac; done
 
 if [ ! -f "$image" ]; then
   echo "SKIP vm tier: no VM image at $image (build it with ../shared/vm/build.sh)"
-  exit 0
+  exit 77
 fi
 if [ ! -x "$run_vm" ]; then
   echo "SKIP vm tier: no $run_vm"
-  exit 0
+  exit 77
 fi
 
 # Software emulation where KVM cannot boot the image (no /dev/kvm, or a PVM

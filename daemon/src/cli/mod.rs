@@ -100,6 +100,13 @@ ENVIRONMENT
     NIX_SANDBOX_MCP_COMMAND
                        The command client-config tells clients to run (the Nix
                        package's wrapper sets it to itself; default: this binary).
+    DBUS_SESSION_BUS_ADDRESS, XDG_RUNTIME_DIR
+                       How a non-root server reaches the user's systemd to get
+                       a delegated cgroup (default $XDG_RUNTIME_DIR/bus, else
+                       /run/user/UID/bus); doctor names the one it tried.
+    DBUS_SYSTEM_BUS_ADDRESS
+                       How a root server reaches the system's systemd (default
+                       /run/dbus/system_bus_socket).
 
 PROTOCOL LIMITS (--stdio)
     One JSON-RPC message per line, at most 16 MiB (newline included); a longer
@@ -157,8 +164,24 @@ enum Command {
     ///
     /// The code comes from the CODE argument, from a file (-f), or from
     /// standard input (CODE is `-`); code that is empty or only whitespace is
-    /// refused (exit status 2), as it is over MCP. Output streams to the
-    /// terminal as it is produced; the exit status is the program's own.
+    /// refused, as it is over MCP. Output streams to the terminal as it is
+    /// produced.
+    ///
+    /// EXIT STATUS
+    ///     0-122   the program's own exit status
+    ///     2       also: nothing was run (no code, empty code, a NUL byte, not UTF-8)
+    ///     123     nothing was run: the server could not start (configuration,
+    ///             platform; the message says what to fix)
+    ///     124     the run's time limit ended it
+    ///     125     another limit ended it (memory, processes, CPU, output, file size)
+    ///     126     the sandbox could not be started (the message gives the fix)
+    ///     127     nothing was run: no such environment or artifact
+    ///     128+N   the program was killed by signal N
+    ///     130     interrupted (Ctrl-C): the sandbox was killed
+    ///     141     standard output was closed (a reader such as `head` went away)
+    ///
+    /// A program that itself exits with 123 to 127 or 128+N cannot be told
+    /// from these; the message on stderr (prefixed `nix-sandbox-mcp:`) can.
     Run {
         /// Environment to run in (see `envs`)
         #[arg(short, long, value_name = "NAME", required_unless_present = "artifact")]

@@ -30,6 +30,17 @@ impl Observer for Echo {
     }
 }
 
+/// `run`'s own exit statuses (see its --help): nothing was run because the
+/// server could not start, or because the environment does not exist.
+const SERVER_FAILED: u8 = 123;
+const NO_SUCH_ENVIRONMENT: u8 = 127;
+
+/// Says why nothing was run, with `status`.
+fn not_run(e: impl std::fmt::Display, status: u8) -> ExitCode {
+    eprintln!("nix-sandbox-mcp: {e}");
+    ExitCode::from(status)
+}
+
 /// How to pass code to `run`, for messages about missing code.
 const HOW_TO_PASS_CODE: &str = "pass the program text as the CODE argument, in a file with -f FILE, or on standard input with `-`";
 
@@ -58,7 +69,7 @@ pub(super) async fn run_once(
     };
     let code = match code {
         Ok(c) => c,
-        Err(e) => return fail(e),
+        Err(e) => return not_run(e, 2),
     };
     // The same rule as the MCP tool's.
     if let Some(problem) = crate::exec::code_problem(&code) {
@@ -73,23 +84,31 @@ pub(super) async fn run_once(
     .await
     {
         Ok(a) => a,
-        Err(e) => return fail(e),
+        Err(e) => return not_run(e, SERVER_FAILED),
     };
     let env = match (&artifact_dir, &env_name) {
         (Some(dir), _) => match artifact::load(dir, app.config.defaults) {
             Ok(e) => Arc::new(e),
-            Err(e) => return fail(format!("sandbox artifact {}: {e}", dir.display())),
+            Err(e) => {
+                return not_run(
+                    format!("sandbox artifact {}: {e}", dir.display()),
+                    NO_SUCH_ENVIRONMENT,
+                );
+            }
         },
         (None, Some(name)) => match app.registry.get(name) {
             Some(e) => e.clone(),
             None => {
-                return fail(format!(
-                    "there is no environment {name:?}; available: {}",
-                    app.registry.names().join(", ")
-                ));
+                return not_run(
+                    format!(
+                        "there is no environment {name:?}; available: {}",
+                        app.registry.names().join(", ")
+                    ),
+                    NO_SUCH_ENVIRONMENT,
+                );
             }
         },
-        (None, None) => return fail("give --env NAME or --artifact DIR"),
+        (None, None) => return not_run("give --env NAME or --artifact DIR", 2),
     };
     if let Some(name) = &env_name {
         let about = format!("environment {} ", env.name);
@@ -155,5 +174,9 @@ pub(super) async fn run_once(
     if o.cancelled {
         return ExitCode::from(130);
     }
-    ExitCode::from(o.exit_code.map(|c| c.clamp(0, 255) as u8).unwrap_or(1))
+    match (o.exit_code, o.signal) {
+        (Some(c), _) => ExitCode::from(c.clamp(0, 255) as u8),
+        (None, Some(sig)) => ExitCode::from((128 + sig).clamp(0, 255) as u8),
+        (None, None) => not_run("the sandbox ended without an exit status", 126),
+    }
 }

@@ -200,20 +200,22 @@ fn example_config_parses_and_documents_every_key() {
     let text = std::fs::read_to_string(&path).unwrap();
     parse(&text, &path).unwrap();
     // Every key of the schema, which is generated from the types that read
-    // the file, at any depth.
+    // the file, at any depth: in definitions, alternatives (`anyOf`, as a
+    // network setting's table) and items too.
     fn keys(schema: &serde_json::Value, out: &mut Vec<String>) {
-        for table in ["properties", "patternProperties"] {
-            if let Some(map) = schema.get(table).and_then(|p| p.as_object()) {
+        match schema {
+            serde_json::Value::Object(map) => {
                 for (name, sub) in map {
-                    if table == "properties" {
-                        out.push(name.clone());
+                    if name == "properties"
+                        && let Some(props) = sub.as_object()
+                    {
+                        out.extend(props.keys().cloned());
                     }
                     keys(sub, out);
                 }
             }
-        }
-        if let Some(sub) = schema.get("additionalProperties").filter(|s| s.is_object()) {
-            keys(sub, out);
+            serde_json::Value::Array(items) => items.iter().for_each(|i| keys(i, out)),
+            _ => {}
         }
     }
     let mut keys_found = Vec::new();
@@ -234,6 +236,7 @@ fn example_config_parses_and_documents_every_key() {
         .filter(|k| !tables.contains(k))
         .collect();
     assert!(keys.contains(&"memory_budget_mb") && keys.contains(&"cpus"));
+    assert!(keys.contains(&"max_connections") && keys.contains(&"transfer_mb"));
     for k in keys {
         assert!(
             text.contains(&format!("{k} ="))

@@ -232,7 +232,7 @@ fn check_nest(s: &State) -> Vec<Finding> {
         Err(why) => Finding::warn(
             "nest",
             format!(
-                "sandboxes start without the nest ({why}): no copy-on-write project (it is read-only instead), /workspace, /tmp and /dev/shm are bounded in size each but not in files, and a sandbox may outlive a server killed outright"
+                "sandboxes start without the nest ({why}): no copy-on-write project (it is read-only instead), /workspace, /tmp and /dev/shm are bounded in size each but not in files; a server killed outright still takes its sandboxes with it (bubblewrap's parent-death signal)"
             ),
             nest_fix(why),
         ),

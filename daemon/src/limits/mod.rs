@@ -472,10 +472,14 @@ mod tests {
             .unwrap_or_else(|| panic!("no {controller} line in {memberships}"))
     }
 
-    fn v1_enforcer() -> Option<Enforcer> {
+    /// cgroup v1's enforcer where the host gives one; `test` skips visibly otherwise.
+    fn v1_enforcer(test: &str) -> Option<Enforcer> {
         let e = Enforcer::detect();
         if e.mechanism() != Mechanism::CgroupV1 {
-            eprintln!("skipped: limits here are {}", e.describe());
+            crate::skip::skip(
+                test,
+                &format!("needs cgroup v1; limits here are {}", e.describe()),
+            );
             return None;
         }
         Some(e)
@@ -486,7 +490,9 @@ mod tests {
     /// sandbox's group in every hierarchy, and adopt moves nothing more.
     #[test]
     fn a_process_joins_its_v1_groups_itself() {
-        let Some(e) = v1_enforcer() else { return };
+        let Some(e) = v1_enforcer("limits::a_process_joins_its_v1_groups_itself") else {
+            return;
+        };
         let l = Limits::resolve(Default::default());
         let mut lease = e.reserve().unwrap();
         let (ok, memberships) = run_joined(&mut lease, &l, "true");
@@ -506,7 +512,9 @@ mod tests {
     /// again, and what the run used is read through the files kept open.
     #[test]
     fn a_reused_v1_group_reports_only_its_own_run() {
-        let Some(e) = v1_enforcer() else { return };
+        let Some(e) = v1_enforcer("limits::a_reused_v1_group_reports_only_its_own_run") else {
+            return;
+        };
         let l = Limits::resolve(Default::default());
         // The shell is the one process allowed: its fork fails at once and
         // nothing is orphaned.

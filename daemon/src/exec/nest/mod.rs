@@ -2,10 +2,12 @@
 //! process (`holder.rs`) for the daemon's whole life. Every bubblewrap is
 //! started inside it, which gives two things the host alone does not:
 //!
-//! - **Nothing outlives the daemon.** The nest's init dies with the holder,
-//!   and the holder with the daemon, however the daemon ends (even killed
-//!   outright); the kernel then kills every process in the nest's pid
-//!   namespace, which is every sandbox, paused or not.
+//! - **Nothing outlives the daemon, by the kernel's own bookkeeping.** The
+//!   nest's init dies with the holder, and the holder with the daemon,
+//!   however the daemon ends (even killed outright); the kernel then kills
+//!   every process in the nest's pid namespace, which is every sandbox,
+//!   paused or not. (Without the nest, bubblewrap's parent-death signal
+//!   does the same for each sandbox.)
 //! - **Filesystems bubblewrap cannot make.** Holding every capability in
 //!   the nest's user namespace, the child that becomes bubblewrap stages
 //!   the sandbox's writable filesystems first (`stage.rs`): one tmpfs
