@@ -308,9 +308,8 @@ pub async fn self_test(executor: &Executor) -> Result<(), StartError> {
         .run(Request::internal(&env, b"echo ok\n"))
         .await
         .map_err(|e| StartError::Sandbox {
+            fix: diagnose_sandbox_failure(&e.to_string()),
             detail: e.to_string(),
-            fix: "check that bubblewrap can run: `bwrap --unshare-all --ro-bind / / true`"
-                .to_string(),
         })?;
     if outcome.succeeded() && outcome.stdout.text.trim() == "ok" {
         return Ok(());
@@ -329,30 +328,10 @@ pub async fn self_test(executor: &Executor) -> Result<(), StartError> {
     })
 }
 
-/// A concrete fix for a failed sandbox start, from bubblewrap's message and the
-/// kernel settings that commonly cause it.
+/// A concrete fix for a failed sandbox start, from bubblewrap's message and
+/// what keeps this host from giving user namespaces (see [`crate::userns`]).
 pub fn diagnose_sandbox_failure(stderr: &str) -> String {
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .ok()
-            .map(|s| s.trim().to_string())
-    };
-    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
-        return "AppArmor forbids unprivileged user namespaces (Ubuntu 23.10 and later). Either allow them: `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (persist it in /etc/sysctl.d/), or give bwrap an AppArmor profile that permits `userns` (see docs/security.md).".to_string();
-    }
-    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
-        return "unprivileged user namespaces are disabled: `sudo sysctl -w kernel.unprivileged_userns_clone=1` (persist it in /etc/sysctl.d/)".to_string();
-    }
-    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
-        return "user namespaces are disabled: `sudo sysctl -w user.max_user_namespaces=15000` (persist it in /etc/sysctl.d/)".to_string();
-    }
-    if stderr.contains("Operation not permitted")
-        || stderr.contains("Permission denied")
-        || stderr.contains("No permissions")
-    {
-        return "the kernel refused to create namespaces; inside a container, run it with user namespaces allowed (for Docker: --security-opt seccomp=unconfined --security-opt apparmor=unconfined, or use a VM)".to_string();
-    }
-    "run `nix-sandbox-mcp doctor` for details; bubblewrap's message is above".to_string()
+    crate::userns::Host::default().fix_for(stderr)
 }
 
 /// Where a project path came from: its rules and how errors name it.

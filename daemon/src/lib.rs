@@ -11,7 +11,8 @@
 //! `clients` (MCP clients' configuration), `network` (which hosts a sandbox
 //! may reach, and the proxy that holds it to that), `changes` (what a run
 //! changed in the project), `caches` (directories kept between calls),
-//! `mountinfo` (the mount table), `sync` (locks that outlive a panic).
+//! `mountinfo` (the mount table), `sync` (locks that outlive a panic),
+//! `userns` (what keeps a host from giving sandboxes user namespaces).
 
 pub mod app;
 pub mod audit;
@@ -37,3 +38,4 @@ pub mod sessions;
 #[cfg(test)]
 mod skip;
 pub mod sync;
+pub mod userns;

@@ -260,21 +260,13 @@ fn check_store_view(s: &State) -> Vec<Finding> {
 
 /// What would let the daemon create the nest, from why it could not.
 fn nest_fix(why: &str) -> String {
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .map(|s| s.trim().to_string())
-            .ok()
-    };
     if why.contains(crate::exec::NO_NEST_VAR) {
         return format!("unset {}", crate::exec::NO_NEST_VAR);
     }
-    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
-        return "AppArmor lets only programs with a profile create user namespaces: give this binary one that allows `userns,` (docs/security.md shows it), or `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`".to_string();
+    match crate::userns::Host::default().obstacles_after_failure().first() {
+        Some(o) => format!("{}: {}", o.why(), o.fix()),
+        None => "the kernel refused an unprivileged user namespace or a mount in it (Linux 5.11 or later is needed for overlayfs there); run the server outside any container that restricts them".to_string(),
     }
-    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
-        return "`sudo sysctl -w kernel.unprivileged_userns_clone=1` (persist it in /etc/sysctl.d/)".to_string();
-    }
-    "the kernel refused an unprivileged user namespace or a mount in it (Linux 5.11 or later is needed for overlayfs there); inside a container, allow user namespaces".to_string()
 }
 
 fn check_limits(s: &State) -> Vec<Finding> {
