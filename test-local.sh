@@ -95,7 +95,7 @@ if [ "$(id -u)" = 0 ]; then
   user_log=$(mktemp)
   chmod 666 "$user_log"
   cleanup+=("$user_log")
-  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_load.py test_hostile.py test_hostile_project.py test_lifetime.py test_switches.py test_containers.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_load.py test_hostile.py test_hostile_project.py test_lifetime.py test_switches.py test_containers.py test_root_project.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
   grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user): |" >>"$skip_log" || true
   tier_ran "MCP suite as $user (rlimits)"
 else

@@ -685,3 +685,60 @@ fn the_daemon_raises_its_own_open_files_limit_not_the_sandboxes() {
     let wanted = hard.map_or(65_536, |h| h.min(65_536));
     assert_eq!(soft, wanted.max(256), "{limits}");
 }
+
+#[test]
+fn a_bubblewrap_beside_the_binary_serves_when_the_one_on_path_is_too_old() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // An old bubblewrap first on PATH: it runs, but lacks --disable-userns.
+    let old_dir = dir.path().join("old");
+    std::fs::create_dir(&old_dir).unwrap();
+    let old = old_dir.join("bwrap");
+    std::fs::write(
+        &old,
+        "#!/bin/sh\ncase \"$1\" in --version) echo 'bubblewrap 0.4.0';; *) echo '--unshare-all';; esac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // This binary with a working bubblewrap beside it.
+    let bin_dir = dir.path().join("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let bin = bin_dir.join("nix-sandbox-mcp");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::os::unix::fs::symlink(which::which("bwrap").unwrap(), bin_dir.join("bwrap")).unwrap();
+    let path = format!("{}:/usr/bin:/bin", old_dir.display());
+    let o = Command::new(&bin)
+        .args(["doctor", "--json"])
+        .env("PATH", &path)
+        .env_remove("NIX_SANDBOX_BWRAP")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let check = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "bubblewrap")
+        .unwrap()
+        .clone();
+    let detail = check["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!("{}/bwrap", bin_dir.display())),
+        "{detail}"
+    );
+    assert!(detail.contains("beside this binary"), "{detail}");
+    assert!(detail.contains("0.4.0 lacks --disable-userns"), "{detail}");
+    // Named, it is used or refused, nothing else tried.
+    let o = Command::new(&bin)
+        .args(["doctor"])
+        .env("PATH", &path)
+        .env("NIX_SANDBOX_BWRAP", dir.path().join("nowhere"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("nowhere") && out.contains("NIX_SANDBOX_BWRAP"),
+        "{out}"
+    );
+}

@@ -97,6 +97,11 @@ ENVIRONMENT
                        The MCP messages themselves (arguments and confirmation
                        tokens included) are logged only when it names rmcp, as
                        in debug,rmcp=debug.
+    NIX_SANDBOX_BWRAP  The bubblewrap to use (else the first with every feature
+                       the jail uses of: bwrap on PATH, beside this binary, in a
+                       Nix profile such as ~/.nix-profile/bin, which needs no
+                       root: `nix profile install nixpkgs#bubblewrap`); doctor
+                       says which it uses and why.
     NIX_SANDBOX_MCP_COMMAND
                        The command client-config tells clients to run (the Nix
                        package's wrapper sets it to itself; default: this binary).

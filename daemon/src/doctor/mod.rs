@@ -164,9 +164,25 @@ fn check_bubblewrap(s: &mut State) -> Vec<Finding> {
         Ok(p) => p,
         Err(e) => return vec![Finding::fail("bubblewrap", e.to_string(), e.fix())],
     };
+    let chosen = &p.bwrap_chosen;
+    let passed: Vec<String> = chosen
+        .passed_over
+        .iter()
+        .map(|(path, why)| format!("{} ({why})", path.display()))
+        .collect();
     let mut found = vec![Finding::ok(
         "bubblewrap",
-        format!("{} {}", p.bwrap.display(), p.bwrap_version),
+        format!(
+            "{} {} ({}){}",
+            p.bwrap.display(),
+            p.bwrap_version,
+            chosen.why,
+            if passed.is_empty() {
+                String::new()
+            } else {
+                format!("; passed over: {}", passed.join(", "))
+            }
+        ),
     )];
     if !p.layout.disable_userns {
         found.push(Finding::warn(

@@ -12,13 +12,16 @@
 //!   the nest's user namespace, the child that becomes bubblewrap stages
 //!   the sandbox's writable filesystems first (`stage.rs`): one tmpfs
 //!   bounded in size and in files for the scratch directories, and the
-//!   project through a copy-on-write overlay.
+//!   project through a copy-on-write overlay (for a root server, over an
+//!   idmapped copy of the project, `idmap.rs`, so the sandbox may change
+//!   what the project's owner may).
 //!
 //! Where the host refuses unprivileged user namespaces (a sysctl, or an
 //! AppArmor policy), or overlayfs in one (Linux before 5.11), the nest or
 //! the overlay is unavailable, and the daemon says so and falls back.
 
 pub mod holder;
+mod idmap;
 pub mod network;
 pub mod root;
 pub mod stage;
@@ -63,6 +66,10 @@ pub struct Nest {
     /// built outside the map's lock, so only callers wanting the same root
     /// wait for it.
     templates: Mutex<std::collections::HashMap<Vec<PathBuf>, Arc<TemplateSlot>>>,
+    /// The mappings of a root server's project copies (see `idmap.rs`).
+    idmaps: idmap::Idmaps,
+    /// An idmapped copy could not be made (said once).
+    idmap_failed: std::sync::atomic::AtomicBool,
 }
 
 /// A root built once, or being built (see [`Nest::template`]).
@@ -247,6 +254,8 @@ impl Nest {
             reaped,
             networks: Arc::default(),
             templates: Mutex::default(),
+            idmaps: idmap::Idmaps::default(),
+            idmap_failed: Default::default(),
         })
     }
 
@@ -271,10 +280,43 @@ impl Nest {
                 owner,
                 spec.network.then(|| self.networks.plan()),
                 self.template(&spec.host_root, owner),
+                self.idmapped_project(spec, owner),
             )?)),
             None => None,
         };
         Ok(self.entry_staging(stage, ours, theirs))
+    }
+
+    /// For a root server's sandbox (which runs as `owner`) with a writable
+    /// project: the project's mount idmapped so that the project owner's
+    /// files are `owner`'s (see `idmap.rs`). `None` where the project's
+    /// owner is `owner` already, or where the copy cannot be made (said
+    /// once; the sandbox then changes only what `owner` may).
+    fn idmapped_project(&self, spec: &StageSpec, owner: Option<(u32, u32)>) -> Option<OwnedFd> {
+        use std::os::unix::fs::MetadataExt;
+        let (project, owner) = (spec.project.as_ref().filter(|p| p.writable)?, owner?);
+        let meta = std::fs::metadata(&project.host_path).ok()?;
+        let from = (meta.uid(), meta.gid());
+        if from == owner {
+            return None;
+        }
+        match self.idmaps.project(&project.host_path, from, owner) {
+            Ok(copy) => Some(copy),
+            Err(e) => {
+                if !self
+                    .idmap_failed
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        "the sandbox cannot change the project's files as their owner (uid {}) can: an idmapped mount of {} could not be made ({e}; Linux 5.19 or later and a filesystem that allows idmapping are needed); it changes only what uid {} may",
+                        from.0,
+                        project.host_path.display(),
+                        owner.0
+                    );
+                }
+                None
+            }
+        }
     }
 
     fn entry_staging(

@@ -198,6 +198,9 @@ struct ProjectPlan {
     lower_owner: (u32, u32),
     lower_mode: u32,
     host: CString,
+    /// An idmapped copy of the project's mount (see `idmap.rs`), attached
+    /// as the lower layer instead of a bind of `host`.
+    idmapped: Option<OwnedFd>,
     /// `scratch/lower`, absolute: the bind's target.
     lower: CString,
     /// Relative to `root`, where the child has changed directory.
@@ -214,12 +217,15 @@ impl Plan {
     /// `spec` says the stage does.
     /// `template`: the mount namespace of a root built once for
     /// `spec.host_root` (see [`Template`]), when there is one.
+    /// `idmapped`: the project's lower layer as an idmapped copy of its
+    /// mount, whose owner is `owner` (see `idmap.rs`).
     pub(in crate::exec) fn new(
         root: &Path,
         spec: &Spec,
         owner: Option<(u32, u32)>,
         network: Option<network::Plan>,
         template: Option<Arc<OwnedFd>>,
+        idmapped: Option<OwnedFd>,
     ) -> io::Result<Plan> {
         use std::os::unix::fs::MetadataExt;
         let c = |s: String| CString::new(s).map_err(|_| io::Error::other("NUL in an option"));
@@ -238,10 +244,15 @@ impl Plan {
             None => None,
             Some(p) => {
                 let meta = std::fs::metadata(&p.host_path)?;
+                let lower_owner = match (&idmapped, owner) {
+                    (Some(_), Some(owner)) => owner,
+                    _ => (meta.uid(), meta.gid()),
+                };
                 Some(ProjectPlan {
-                    lower_owner: (meta.uid(), meta.gid()),
+                    lower_owner,
                     lower_mode: meta.mode() & 0o7777,
                     host: c_path(&p.host_path)?,
+                    idmapped,
                     lower: c_path(&scratch.join(LOWER))?,
                     overlay_options: c(if p.writable {
                         format!("lowerdir={LOWER},upperdir={UPPER},workdir={WORK},userxattr")
@@ -354,10 +365,19 @@ impl Plan {
             }
         }
         if let Some(p) = &self.project {
-            // Recursive: a plain bind of a tree holding mounts the nest
-            // may not reveal is refused.
-            rustix::mount::mount_bind_recursive(p.host.as_c_str(), p.lower.as_c_str())
-                .map_err(|e| (Step::ProjectBind, e))?;
+            match &p.idmapped {
+                Some(copy) => rustix::mount::move_mount(
+                    copy,
+                    c"",
+                    rustix::fs::CWD,
+                    p.lower.as_c_str(),
+                    rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+                ),
+                // Recursive: a plain bind of a tree holding mounts the nest
+                // may not reveal is refused.
+                None => rustix::mount::mount_bind_recursive(p.host.as_c_str(), p.lower.as_c_str()),
+            }
+            .map_err(|e| (Step::ProjectBind, e))?;
             rustix::process::fchdir(&dir).map_err(|e| (Step::Overlay, e))?;
             let flags = if p.read_only {
                 MountFlags::RDONLY

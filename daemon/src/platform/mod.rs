@@ -1,5 +1,6 @@
 //! What this host offers the sandbox, probed once at start-up: the bubblewrap
-//! binary and its features, the layout of the system directories, a prepared
+//! binary and its features (which one, and why: `bwrap.rs`), the layout of
+//! the system directories, a prepared
 //! `/etc`, and the host identity bubblewrap runs as. Owns the server's
 //! runtime directory, and removes those of servers that were killed.
 //! Produces the jail's [`HostLayout`]; runs nothing inside a sandbox itself.
@@ -7,9 +8,10 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::jail::{HostLayout, SANDBOX_GID, SANDBOX_UID, SANDBOX_USER};
+
+pub mod bwrap;
 
 /// Host uid and gid bubblewrap runs as when the daemon itself is root. Root's
 /// uid would otherwise stay 0 on the host side of the user namespace, where the
@@ -20,6 +22,8 @@ pub const UNPRIVILEGED_ID: u32 = 65534;
 pub struct Platform {
     pub bwrap: PathBuf,
     pub bwrap_version: String,
+    /// Why that bubblewrap, and which were passed over (`bwrap.rs`).
+    pub bwrap_chosen: bwrap::Chosen,
     pub layout: HostLayout,
     /// `(uid, gid)` to switch to before starting bubblewrap, when running as root.
     pub run_as: Option<(u32, u32)>,
@@ -52,7 +56,9 @@ const OWNER_LOCK: &str = "owner.lock";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlatformError {
-    #[error("bubblewrap (bwrap) is not installed or not on PATH")]
+    #[error(
+        "bubblewrap (bwrap) is not installed: none on PATH, beside this binary or in a Nix profile"
+    )]
     NoBwrap,
     #[error("cannot run {path}: {error}")]
     BwrapBroken { path: PathBuf, error: String },
@@ -64,8 +70,8 @@ impl PlatformError {
     /// A concrete next step for the operator.
     pub fn fix(&self) -> String {
         match self {
-            PlatformError::NoBwrap => "install bubblewrap: `apt install bubblewrap` (Debian/Ubuntu), `dnf install bubblewrap` (Fedora), `pacman -S bubblewrap` (Arch), or run the Nix package, which brings its own".to_string(),
-            PlatformError::BwrapBroken { .. } => "reinstall bubblewrap, or put a working `bwrap` first on PATH".to_string(),
+            PlatformError::NoBwrap => "install bubblewrap: `apt install bubblewrap` (Debian/Ubuntu), `dnf install bubblewrap` (Fedora), `pacman -S bubblewrap` (Arch); without root, `nix profile install nixpkgs#bubblewrap` (found in ~/.nix-profile/bin), or run the Nix package, which brings its own".to_string(),
+            PlatformError::BwrapBroken { .. } => format!("reinstall bubblewrap, put a working `bwrap` first on PATH, or name one with {}=PATH (without root: `nix profile install nixpkgs#bubblewrap`)", bwrap::BWRAP_VAR),
             PlatformError::RuntimeDir(_) => "make sure $TMPDIR (or /tmp) exists and is writable".to_string(),
         }
     }
@@ -73,24 +79,12 @@ impl PlatformError {
 
 impl Platform {
     pub fn probe() -> Result<Platform, PlatformError> {
-        let bwrap = which::which("bwrap").map_err(|_| PlatformError::NoBwrap)?;
-        let run = |arg: &str| {
-            Command::new(&bwrap)
-                .arg(arg)
-                .output()
-                .map_err(|e| PlatformError::BwrapBroken {
-                    path: bwrap.clone(),
-                    error: e.to_string(),
-                })
-        };
-        let version = run("--version")?;
-        let bwrap_version = String::from_utf8_lossy(&version.stdout)
-            .trim()
-            .trim_start_matches("bubblewrap ")
-            .to_string();
-        let help = run("--help")?;
-        let help = String::from_utf8_lossy(&help.stdout).into_owned()
-            + &String::from_utf8_lossy(&help.stderr);
+        let chosen = bwrap::choose()?;
+        let (bwrap, bwrap_version, help) = (
+            chosen.path.clone(),
+            chosen.version.clone(),
+            chosen.help.clone(),
+        );
 
         remove_stale_runtime_dirs(&std::env::temp_dir());
         let runtime_dir = tempfile::Builder::new()
@@ -136,6 +130,7 @@ impl Platform {
         Ok(Platform {
             bwrap,
             bwrap_version,
+            bwrap_chosen: chosen,
             layout,
             run_as,
             stage_dir,
