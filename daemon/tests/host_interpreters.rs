@@ -1,13 +1,23 @@
 //! Host interpreters as users have them: a version manager's shim, a
 //! virtualenv or an nvm install first on PATH. Each test builds the real
 //! layout (real interpreters copied or linked into it) and runs the real
-//! binary, as root and, where the answer differs, as the user `tester`.
+//! binary, as root and, where the answer differs, as the user
+//! [`TEST_USER`]. Where that cannot be done (not root, or no such user),
+//! the test says it skipped, on stderr and in `NSM_SKIP_LOG`.
+
+mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::skip::skip;
+
 const BIN: &str = env!("CARGO_BIN_EXE_nix-sandbox-mcp");
+
+/// The non-root user the test suite creates (test-local.sh:
+/// `useradd --create-home nsm-tester`).
+const TEST_USER: &str = "nsm-tester";
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -60,7 +70,7 @@ fn nsm(home: &Path, path: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// The same, run as the user `tester`.
+/// The same, run as [`TEST_USER`].
 fn nsm_as_tester(home: &Path, path: &str, args: &[&str]) -> Output {
     let mut words = vec![
         "env".to_string(),
@@ -79,18 +89,41 @@ fn as_tester(words: &[String]) -> Output {
         .map(|w| format!("'{}'", w.replace('\'', "'\\''")))
         .collect();
     Command::new("su")
-        .args(["tester", "-s", "/bin/sh", "-c", &quoted.join(" ")])
+        .args([TEST_USER, "-s", "/bin/sh", "-c", &quoted.join(" ")])
         .env_remove("RUST_LOG")
         .output()
         .unwrap()
 }
 
-fn tester_exists() -> bool {
-    is_root()
-        && std::fs::read_to_string("/etc/passwd")
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.starts_with("tester:"))
+/// [`TEST_USER`]'s home directory, or why the test cannot run the
+/// server as that user here.
+fn test_user_home() -> Result<PathBuf, String> {
+    if !is_root() {
+        return Err(format!("needs root, to run the server as {TEST_USER}"));
+    }
+    std::fs::read_to_string("/etc/passwd")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let fields: Vec<&str> = l.split(':').collect();
+            (fields.len() >= 7 && fields[0] == TEST_USER).then(|| PathBuf::from(fields[5]))
+        })
+        .ok_or_else(|| {
+            format!(
+                "no user {TEST_USER} (test-local.sh creates it: useradd --create-home {TEST_USER})"
+            )
+        })
+}
+
+/// `chown -R` to [`TEST_USER`].
+fn give_to_test_user(path: &Path) {
+    let o = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{TEST_USER}:{TEST_USER}"))
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
 }
 
 /// `envs --json` as (environment name → source) and the warnings.
@@ -183,17 +216,27 @@ fn a_pyenv_shim_first_on_path_serves_the_python_pyenv_names() {
     assert_eq!(lines[1], version.display().to_string(), "{out}");
 }
 
-#[test]
-fn a_pyenv_install_the_sandbox_cannot_read_is_passed_over_with_the_path_and_the_fix() {
-    if !is_root() {
-        return;
-    }
-    // As root, sandboxes run as uid 65534: a prefix under a private
-    // directory cannot be bound, so the next python3 on PATH is served.
+/// A pyenv install under a home only its owner may enter.
+fn private_pyenv() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let d = scratch();
     let home = d.path().join("home");
     let version = fake_pyenv(&home.join(".pyenv"));
     chmod(&home, 0o700);
+    (d, home, version)
+}
+
+#[test]
+fn a_pyenv_install_the_sandbox_cannot_read_is_passed_over_with_the_path_and_the_fix() {
+    if !is_root() {
+        skip(
+            "a_pyenv_install_the_sandbox_cannot_read_is_passed_over_with_the_path_and_the_fix",
+            "needs root (only a root server runs sandboxes as another uid)",
+        );
+        return;
+    }
+    // As root, sandboxes run as uid 65534: a prefix under a private
+    // directory cannot be bound, so the next python3 on PATH is served.
+    let (_d, home, version) = private_pyenv();
     let o = nsm(
         &home,
         &path_with(&home.join(".pyenv/shims")),
@@ -224,26 +267,33 @@ fn a_pyenv_install_the_sandbox_cannot_read_is_passed_over_with_the_path_and_the_
         (text(&o.stdout), text(&o.stderr)),
         ("hi\n".into(), "".into())
     );
-    // The same tree, the server run by its owner: served.
-    if tester_exists() {
-        let o = Command::new("chown")
-            .args(["-R", "tester:tester"])
-            .arg(&home)
-            .output()
-            .unwrap();
-        assert!(o.status.success());
-        let o = nsm_as_tester(
-            &home,
-            &path_with(&home.join(".pyenv/shims")),
-            &["run", "-e", "python", WHERE_AM_I],
+}
+
+#[test]
+fn a_pyenv_install_in_a_private_home_is_served_to_its_owner() {
+    // The same tree as above, the server run by its owner: served.
+    if let Err(why) = test_user_home() {
+        skip(
+            "a_pyenv_install_in_a_private_home_is_served_to_its_owner",
+            &why,
         );
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        assert!(
-            text(&o.stdout).contains(&version.display().to_string()),
-            "{}",
-            text(&o.stdout)
-        );
+        return;
     }
+    let (_d, home, version) = private_pyenv();
+    give_to_test_user(&home);
+    let o = nsm_as_tester(
+        &home,
+        &path_with(&home.join(".pyenv/shims")),
+        &["run", "-e", "python", WHERE_AM_I],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{}/bin/python3", version.display())),
+        "{out}"
+    );
+    assert_eq!(lines[1], version.display().to_string(), "{out}");
 }
 
 #[test]
@@ -333,28 +383,26 @@ fn a_virtualenv_on_path_is_served_with_its_site_packages_read_only() {
 
 #[test]
 fn a_normal_users_private_virtualenv_is_served_to_that_user_only() {
-    if !tester_exists() {
-        return;
-    }
+    let user_home = match test_user_home() {
+        Ok(h) => h,
+        Err(why) => {
+            skip(
+                "a_normal_users_private_virtualenv_is_served_to_that_user_only",
+                &why,
+            );
+            return;
+        }
+    };
     let d = scratch();
     let private = d.path().join("private");
     std::fs::create_dir(&private).unwrap();
-    let o = Command::new("chown")
-        .args(["tester:tester"])
-        .arg(&private)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
+    give_to_test_user(&private);
     chmod(&private, 0o700);
     let venv = private.join("venv");
     make_venv(&venv, as_tester);
     let path = path_with(&venv.join("bin"));
-    // tester's server: its sandboxes run as tester and see the venv.
-    let o = nsm_as_tester(
-        Path::new("/home/tester"),
-        &path,
-        &["run", "-e", "python", IN_THE_VENV],
-    );
+    // The user's server: its sandboxes run as that user and see the venv.
+    let o = nsm_as_tester(&user_home, &path, &["run", "-e", "python", IN_THE_VENV]);
     assert_eq!(
         text(&o.stdout),
         "from the venv True\nsite-packages: Read-only file system\n",

@@ -5,6 +5,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{env, env_with, fixture, marker, processes_with, run};
@@ -35,21 +36,82 @@ async fn memory_bomb_is_killed_and_reported() {
     assert!(run(&env("bash"), "echo alive").await.succeeded());
 }
 
+/// The pid namespace of a host process (the link `/proc/PID/ns/pid` names).
+fn pid_namespace(pid: &str) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
+/// Samples, until `stop`, how many host processes share the pid namespace
+/// of the first process found carrying `marker` (the sandbox's): the
+/// highest count seen.
+fn most_processes_beside(marker: String, stop: Arc<AtomicBool>) -> usize {
+    let mut namespace = None;
+    let mut most = 0;
+    while !stop.load(Ordering::SeqCst) {
+        if namespace.is_none() {
+            namespace = processes_with(&marker)
+                .first()
+                .and_then(|p| pid_namespace(p.split(':').next()?));
+        }
+        if let Some(ns) = &namespace {
+            let count = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .bytes()
+                        .all(|b| b.is_ascii_digit())
+                })
+                .filter(|e| pid_namespace(&e.file_name().to_string_lossy()).as_ref() == Some(ns))
+                .count();
+            most = most.max(count);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    most
+}
+
 #[tokio::test]
 async fn fork_bomb_is_contained_and_leaves_nothing() {
+    const PIDS: u64 = 48;
     let m = marker();
     let e = env_with("bash", |e| {
-        e.limits.pids = 48;
+        e.limits.pids = PIDS;
         e.limits.timeout = Duration::from_secs(3);
     });
+    // The host counts the sandbox's processes while the bomb runs: the
+    // run's end alone (its time limit) says nothing about the process limit.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (m, stop) = (m.clone(), stop.clone());
+        std::thread::spawn(move || most_processes_beside(m, stop))
+    };
     let t = Instant::now();
     let o = run(
         &e,
         &format!("bomb() {{ sleep {m} & bomb | bomb & }}\nbomb\nwait\n"),
     )
     .await;
+    stop.store(true, Ordering::SeqCst);
+    let most = sampler.join().unwrap() as u64;
     assert!(t.elapsed() < Duration::from_secs(8));
     assert!(!o.succeeded(), "{o:?}");
+    // The limit held: forks were refused, and the sandbox never had more
+    // processes than the limit, though the bomb came close to it.
+    assert!(
+        o.stderr
+            .text
+            .contains("fork: Resource temporarily unavailable")
+            || o.stderr
+                .text
+                .contains("fork: retry: Resource temporarily unavailable"),
+        "no fork was refused: {o:?}"
+    );
+    assert!(
+        (PIDS / 2..=PIDS).contains(&most),
+        "at most {most} processes in the sandbox at once, with a limit of {PIDS}"
+    );
     if cgroups() {
         assert!(o.limits_reached.contains(&LimitKind::Processes), "{o:?}");
     }

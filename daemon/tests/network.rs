@@ -20,6 +20,10 @@ use nix_sandbox_mcp::network::{Bounds, NetworkLimit, Policy, Proxy, Resolver, Ru
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+mod common;
+
+use common::skip::skip;
+
 /// A plain HTTP server on loopback that answers with what it saw.
 struct Upstream {
     port: u16,
@@ -370,11 +374,17 @@ fn own_address() -> Option<IpAddr> {
 #[tokio::test]
 async fn a_listed_name_that_resolves_to_this_machines_lan_address_is_refused() {
     let Some(own) = own_address() else {
-        eprintln!("SKIPPED: this machine has no global IPv4 address");
+        skip(
+            "a_listed_name_that_resolves_to_this_machines_lan_address_is_refused",
+            "this machine has no global IPv4 address",
+        );
         return;
     };
     if nix_sandbox_mcp::network::refused_range(own).is_none() {
-        eprintln!("SKIPPED: this machine's address {own} is public");
+        skip(
+            "a_listed_name_that_resolves_to_this_machines_lan_address_is_refused",
+            &format!("this machine's address {own} is public"),
+        );
         return;
     }
     let own = own.to_string();
@@ -649,11 +659,12 @@ use nix_sandbox_mcp::platform::Platform;
 
 const PYTHON: &str = "/usr/bin/python3";
 
-fn platform() -> Option<Platform> {
+/// bubblewrap, or `None` (test skipped) where there is none usable.
+fn platform(test: &str) -> Option<Platform> {
     match Platform::probe() {
         Ok(p) => Some(p),
         Err(e) => {
-            eprintln!("SKIPPED: no usable bubblewrap: {e}");
+            skip(test, &format!("no usable bubblewrap: {e}"));
             None
         }
     }
@@ -860,11 +871,12 @@ async fn proxied(
     (ran, record)
 }
 
-fn python_present() -> bool {
+/// Whether the host's python is there (the test skipped when not).
+fn python_present(test: &str) -> bool {
     if Path::new(PYTHON).exists() {
         return true;
     }
-    eprintln!("SKIPPED: {PYTHON} is not installed");
+    skip(test, &format!("{PYTHON} is not installed"));
     false
 }
 
@@ -912,8 +924,12 @@ print(json.dumps(result))
 
 #[tokio::test]
 async fn a_jail_reaches_allowed_hosts_through_the_proxy_and_nothing_else() {
-    let Some(platform) = platform() else { return };
-    if !python_present() {
+    let Some(platform) =
+        platform("a_jail_reaches_allowed_hosts_through_the_proxy_and_nothing_else")
+    else {
+        return;
+    };
+    if !python_present("a_jail_reaches_allowed_hosts_through_the_proxy_and_nothing_else") {
         return;
     }
     let up = upstream().await;
@@ -1003,9 +1019,14 @@ async fn a_jail_reaches_allowed_hosts_through_the_proxy_and_nothing_else() {
 
 #[tokio::test]
 async fn curl_in_a_jail_follows_the_proxy_and_fails_without_it() {
-    let Some(platform) = platform() else { return };
+    let Some(platform) = platform("curl_in_a_jail_follows_the_proxy_and_fails_without_it") else {
+        return;
+    };
     if !Path::new("/usr/bin/curl").exists() {
-        eprintln!("SKIPPED: curl is not installed");
+        skip(
+            "curl_in_a_jail_follows_the_proxy_and_fails_without_it",
+            "curl is not installed",
+        );
         return;
     }
     let up = upstream().await;
@@ -1084,8 +1105,10 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
 
 #[tokio::test]
 async fn pip_downloads_from_an_allowed_index_only() {
-    let Some(platform) = platform() else { return };
-    if !python_present() {
+    let Some(platform) = platform("pip_downloads_from_an_allowed_index_only") else {
+        return;
+    };
+    if !python_present("pip_downloads_from_an_allowed_index_only") {
         return;
     }
     let has_pip = Command::new(PYTHON)
@@ -1093,7 +1116,10 @@ async fn pip_downloads_from_an_allowed_index_only() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_pip {
-        eprintln!("SKIPPED: {PYTHON} has no pip");
+        skip(
+            "pip_downloads_from_an_allowed_index_only",
+            &format!("{PYTHON} has no pip"),
+        );
         return;
     }
     let wheel = wheel();
@@ -1148,9 +1174,11 @@ async fn pip_downloads_from_an_allowed_index_only() {
 
 #[tokio::test]
 async fn npm_reads_an_allowed_registry_only() {
-    let Some(platform) = platform() else { return };
+    let Some(platform) = platform("npm_reads_an_allowed_registry_only") else {
+        return;
+    };
     if !Path::new("/usr/bin/npm").exists() {
-        eprintln!("SKIPPED: npm is not installed");
+        skip("npm_reads_an_allowed_registry_only", "npm is not installed");
         return;
     }
     let up = upstream().await;
@@ -1192,7 +1220,10 @@ async fn npm_reads_an_allowed_registry_only() {
 
 #[tokio::test]
 async fn the_listener_is_refused_for_a_jail_that_shares_the_network() {
-    let Some(platform) = platform() else { return };
+    let Some(platform) = platform("the_listener_is_refused_for_a_jail_that_shares_the_network")
+    else {
+        return;
+    };
     let jail = jail(&platform, false, &["/bin/true".to_string()]).await;
     let (init, run_as) = (jail.init, platform.run_as);
     let err = tokio::task::spawn_blocking(move || listen_in(init, run_as, PROXY_PORT))
@@ -1203,49 +1234,102 @@ async fn the_listener_is_refused_for_a_jail_that_shares_the_network() {
     jail.run().await;
 }
 
+/// Whether a child of this process other than `except` is in the network
+/// namespace `ns` (`listen_in`'s child, once it has joined it).
+fn a_child_joined(ns: &Path, except: i32) -> bool {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == except.to_string() {
+            return false;
+        }
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| Some(s.rsplit_once(')')?.1.split_whitespace().nth(1)?.to_string()));
+        parent.as_deref() == Some(me.as_str())
+            && std::fs::read_link(format!("/proc/{pid}/ns/net"))
+                .ok()
+                .as_deref()
+                == Some(ns)
+    })
+}
+
 #[tokio::test]
 async fn a_listener_made_before_the_sandbox_loopback_is_up_serves_once_it_is() {
     // bubblewrap names its init before the init brings loopback up; a
-    // namespace whose loopback comes up half a second late stands for that.
+    // namespace whose loopback comes up only once the listener is being
+    // made stands for that. Each step waits for the one before: the shell
+    // says it runs in its namespaces, the listener is made (or is being
+    // made: on some kernels a bind waits for loopback), and only then is
+    // loopback brought up, by the shell, told to on its standard input.
+    const TEST: &str = "a_listener_made_before_the_sandbox_loopback_is_up_serves_once_it_is";
     let (Ok(unshare), Ok(ip)) = (which::which("unshare"), which::which("ip")) else {
-        eprintln!("SKIPPED: needs unshare and ip");
+        skip(TEST, "needs unshare and ip");
         return;
     };
-    if !python_present() {
+    if !Path::new(PYTHON).exists() {
+        skip(TEST, &format!("{PYTHON} is not installed"));
         return;
     }
     let script = format!(
-        "sleep 0.5; {} link set lo up; {PYTHON} -c 'import socket; \
+        "echo ready; read go; {ip} -o link show lo; {ip} link set lo up; {PYTHON} -c 'import socket; \
          socket.create_connection((\"127.0.0.1\", {PROXY_PORT}), timeout=20).sendall(b\"hi\")'",
-        ip.display()
+        ip = ip.display()
     );
     let mut child = match Command::new(unshare)
         .args(["--user", "--map-root-user", "--net", "sh", "-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .spawn()
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("SKIPPED: cannot run unshare: {e}");
+            skip(TEST, &format!("cannot run unshare: {e}"));
             return;
         }
     };
-    // Until unshare has made its namespaces, its network is the test's own.
-    let own = std::fs::read_link("/proc/self/ns/net").unwrap();
     let pid = child.id() as i32;
-    for _ in 0..100 {
-        if std::fs::read_link(format!("/proc/{pid}/ns/net")).ok() != Some(own.clone()) {
-            break;
+    let mut go = child.stdin.take().unwrap();
+    // The shell's lines, as it writes them.
+    let (lines, said) = std::sync::mpsc::channel::<String>();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(stdout).map_while(Result::ok) {
+            let _ = lines.send(line);
         }
-        std::thread::sleep(Duration::from_millis(10));
+    });
+    let next_line = |what: &str| {
+        said.recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("the shell never said {what}: {e}"))
+    };
+    let stop = |mut child: std::process::Child| {
+        let _ = child.kill();
+        let _ = child.wait();
+    };
+    // unshare execs the shell: once it speaks, it runs in the new namespaces.
+    let ready = next_line("it was ready");
+    assert_eq!(ready, "ready");
+    let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let theirs = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    assert_ne!(theirs, own, "the shell shares the test's network namespace");
+    let listening = tokio::task::spawn_blocking(move || listen_in(pid, None, PROXY_PORT));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !listening.is_finished() && !a_child_joined(&theirs, pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "listen_in never entered the namespace"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let listened = tokio::task::spawn_blocking(move || listen_in(pid, None, PROXY_PORT))
-        .await
-        .unwrap();
-    let listener = match listened {
+    std::io::Write::write_all(&mut go, b"go\n").unwrap();
+    drop(go);
+    // What loopback was when the shell was told to bring it up.
+    let lo = next_line("how loopback was");
+    assert!(lo.contains("state DOWN"), "loopback was up already: {lo}");
+    let listener = match listening.await.unwrap() {
         Ok(l) => l,
         Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
+            stop(child);
             panic!("no listener: {e}");
         }
     };
@@ -1257,8 +1341,7 @@ async fn a_listener_made_before_the_sandbox_loopback_is_up_serves_once_it_is() {
         stream.read_to_end(&mut got).await.unwrap();
     })
     .await;
-    let _ = child.kill();
-    let _ = child.wait();
+    stop(child);
     assert!(accepted.is_ok(), "nothing connected");
     assert_eq!(got, b"hi");
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::cli::{cli, config, out, text};
+use common::skip::skip;
 
 #[test]
 fn config_errors_name_file_key_and_line() {
@@ -33,7 +34,8 @@ fn config_errors_name_file_key_and_line() {
         "bash",
         "true",
     ]));
-    assert_eq!(o.status.code(), Some(1));
+    // `run` says the server could not start with its own status.
+    assert_eq!(o.status.code(), Some(123));
     let e = text(&o.stderr);
     assert!(
         e.contains(&format!("{}:1:1: key `servr`", cfg.display()))
@@ -222,10 +224,9 @@ fn stdio_without_bubblewrap_fails_fast_with_install_advice() {
 fn as_root_a_project_the_sandbox_cannot_read_is_refused_at_start() {
     if !rustix::process::geteuid().is_root() {
         // Only a root server runs sandboxes under another uid than its own.
-        // The harness captures the print macros only: this line is seen.
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped as_root_a_project_the_sandbox_cannot_read_is_refused_at_start: needs root"
+        skip(
+            "as_root_a_project_the_sandbox_cannot_read_is_refused_at_start",
+            "needs root",
         );
         return;
     }
@@ -255,38 +256,145 @@ fn as_root_a_project_the_sandbox_cannot_read_is_refused_at_start() {
     assert_eq!(cgroups_of(pid), Vec::<PathBuf>::new());
 }
 
+/// Where in the server's start-up a signal comes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Moment {
+    /// While it starts: its handlers are set, and it waits for `bwrap
+    /// --version` (a `bwrap` first on PATH that holds until told to go on).
+    Starting,
+    /// Started, waiting for the handshake: it has logged that it serves.
+    Waiting,
+}
+
+/// A `bwrap` that, asked for its version, says so (a file `reached` in
+/// `dir`) and waits until a file `go` is there, for ten seconds at most;
+/// then runs the real one.
+fn gated_bwrap(dir: &Path) -> PathBuf {
+    let real = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| Path::new(d).join("bwrap"))
+        .find(|p| p.is_file())
+        .expect("bwrap on PATH");
+    let bin = dir.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let script = bin.join("bwrap");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then\n  : > '{d}/reached'\n  i=0\n  while [ ! -e '{d}/go' ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done\nfi\nexec '{real}' \"$@\"\n",
+            d = dir.display(),
+            real = real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// Whether `pid` has a handler for signal `number` (`SigCgt` in its status).
+fn catches(pid: u32, number: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (number - 1)) != 0)
+}
+
 /// SIGTERM or SIGINT while the server starts or waits for the client's
 /// handshake ends it cleanly: exit 0, no cgroup and no runtime directory
-/// left (the signal's default action would kill it outright).
+/// left (the signal's default action would kill it outright). Each moment
+/// is waited for, never guessed: the gated `bwrap` says the server is in
+/// its start, the log line that it serves says it waits for the client.
 #[test]
 fn a_signal_before_the_handshake_ends_the_server_cleanly() {
-    for (signal, after) in [
-        (rustix::process::Signal::TERM, Duration::from_millis(1500)),
-        (rustix::process::Signal::INT, Duration::from_millis(1500)),
-        (rustix::process::Signal::TERM, Duration::from_millis(200)),
+    use rustix::process::Signal;
+    for (signal, number, moment) in [
+        (Signal::TERM, libc::SIGTERM, Moment::Starting),
+        (Signal::INT, libc::SIGINT, Moment::Starting),
+        (Signal::TERM, libc::SIGTERM, Moment::Waiting),
+        (Signal::INT, libc::SIGINT, Moment::Waiting),
     ] {
         // Its own TMPDIR, to see the runtime directory go.
         let tmp = server_tmpdir();
-        let mut child = stdio_server(cli(&["--stdio"]).env("TMPDIR", tmp.path()));
+        let gate = tempfile::tempdir().unwrap();
+        let mut command = cli(&["--stdio"]);
+        command.env("TMPDIR", tmp.path());
+        if moment == Moment::Starting {
+            let path = format!(
+                "{}:{}",
+                gated_bwrap(gate.path()).display(),
+                std::env::var("PATH").unwrap_or_default()
+            );
+            command.env("PATH", path);
+        }
+        let mut child = stdio_server(&mut command);
         let pid = child.id();
-        std::thread::sleep(after);
-        rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal).unwrap();
-        let stdin = child.stdin.take();
-        let o = child.wait_with_output().unwrap();
-        drop(stdin);
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{signal:?} after {after:?}: {}",
-            text(&o.stderr)
+        // The log, line by line, as the server writes it.
+        let (lines, log) = std::sync::mpsc::channel::<String>();
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(stderr).map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        match moment {
+            Moment::Starting => {
+                while !gate.path().join("reached").exists() {
+                    assert!(
+                        Instant::now() < deadline,
+                        "bwrap was never asked its version"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            Moment::Waiting => {
+                while !seen.iter().any(|l: &String| l.contains(" INFO serving ")) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match log.recv_timeout(left) {
+                        Ok(line) => seen.push(line),
+                        Err(e) => panic!("the server never said it serves ({e}): {seen:?}"),
+                    }
+                }
+            }
+        }
+        assert!(
+            catches(pid, number),
+            "{signal:?} {moment:?}: no handler set yet"
         );
-        assert_eq!(cgroups_of(pid), Vec::<PathBuf>::new());
+        rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal).unwrap();
+        std::fs::write(gate.path().join("go"), "").unwrap();
+        let stdin = child.stdin.take();
+        let status = child.wait().unwrap();
+        drop(stdin);
+        reader.join().unwrap();
+        seen.extend(log.try_iter());
+        let said = seen.join("\n");
+        assert_eq!(status.code(), Some(0), "{signal:?} {moment:?}: {said}");
+        let quit = if signal == Signal::TERM {
+            "terminated"
+        } else {
+            "interrupted"
+        };
+        let expected = match moment {
+            Moment::Starting => format!("{quit} while starting; nothing to shut down"),
+            Moment::Waiting => format!("shutting down ({quit} before the client's handshake)"),
+        };
+        assert!(said.contains(&expected), "{signal:?} {moment:?}: {said}");
+        assert_eq!(
+            cgroups_of(pid),
+            Vec::<PathBuf>::new(),
+            "{signal:?} {moment:?}: {said}"
+        );
         let left: Vec<_> = std::fs::read_dir(tmp.path())
             .unwrap()
             .flatten()
             .map(|e| e.file_name())
             .collect();
-        assert!(left.is_empty(), "{signal:?} after {after:?}: {left:?}");
+        assert!(left.is_empty(), "{signal:?} {moment:?}: {left:?}");
     }
 }
 

@@ -333,8 +333,12 @@ def test_an_expired_token_runs_nothing():
     async def t():
         async with client(config=config, project=make_project(), env={"NIX_SANDBOX_TEST_CONFIRM_TTL_MS": "1000"}) as s:
             sc, _, _ = await call(s, "deploy", {"branch": "main"})
+            # The server issued the token before it answered: one TTL after
+            # the answer (the same monotonic clock), the token has expired.
+            expires = time.monotonic() + 1.0
             assert sc["confirmation"]["expires_in_s"] == 1
-            await anyio.sleep(2.5)
+            while time.monotonic() < expires:
+                await anyio.sleep(expires - time.monotonic())
             sc, _, err = await call(s, "confirm", {"token": sc["confirmation"]["token"], "command": "deploy",
                                                    "arguments": {"branch": "main"}})
             assert err and sc["error"]["code"] == "confirmation_expired" and "stdout" not in sc, dump(sc)

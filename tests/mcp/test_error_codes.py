@@ -12,11 +12,12 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 
 import anyio
 import pytest
 
-from harness import MODE, ROOT, call, dump, limits_mechanism, run_async, session, write_config
+from harness import MODE, ROOT, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session, write_config
 
 RUST_EXAMPLES = {
     "internal": ("daemon/tests/error_codes.rs", "a_run_without_an_exit_status_is_an_internal_error"),
@@ -57,22 +58,33 @@ async def timeout(s):
     return await run_error(s, "bash", "sleep 30")
 
 
+# Codes a host without a cgroup cannot produce: skipped, with the reason,
+# before the server starts (a skip raised inside the session's task group
+# reaches pytest without its reason).
+NEEDS_A_CGROUP = {
+    "memory_limit": "without a memory cgroup, allocation fails inside the program (exit_nonzero)",
+    "process_limit": "without a pids cgroup, fork fails inside the program (exit_nonzero)",
+}
+
+
 async def memory_limit(s):
-    if limits_mechanism() == "rlimits":
-        pytest.skip("without a memory cgroup, allocation fails inside the program (exit_nonzero)")
     return await run_error(s, "python", "x = []\nwhile True: x.append(bytearray(8 << 20))")
 
 
 async def process_limit(s):
-    if limits_mechanism() == "rlimits":
-        pytest.skip("without a pids cgroup, fork fails inside the program (exit_nonzero)")
+    # Each child waits until the parent has ended (the pipe's end it keeps
+    # closes then), so all are alive when a fork is refused, however slow.
     return await run_error(
-        s, "python", "import os, time\nfor i in range(64):\n    if os.fork() == 0:\n        time.sleep(3)\n        os._exit(0)\n"
+        s, "python", "import os\nr, w = os.pipe()\nfor i in range(64):\n    if os.fork() == 0:\n        os.close(w)\n"
+        "        os.read(r, 1)\n        os._exit(0)\n"
     )
 
 
 async def cpu_limit(s):
-    return await run_error(s, "python", "while True: pass")
+    # Its own server, whose time limit is far beyond the CPU limit: the CPU
+    # limit must fire first however slowly the loop is scheduled.
+    async with session(config=write_config("[defaults]\ncpu_seconds = 1\ntimeout_ms = 60000\n")) as own:
+        return await run_error(own, "python", "while True: pass")
 
 
 async def output_limit(s):
@@ -128,19 +140,43 @@ async def invalid_input(s):
     return sc
 
 
+async def until(done, what: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, what
+        await anyio.sleep(0.02)
+
+
 async def busy(s):
-    results: list[dict] = []
+    # Its own server: one run at a time and one call queued. A run holds
+    # the slot until the test releases it (a file it creates in the
+    # read-write project), so two more calls sent while it is seen running
+    # find the slot taken: one waits in the queue, the other is refused.
+    project = readable_tmpdir()
+    config = write_config('[server]\nmax_concurrent_runs = 1\nmax_queued_runs = 1\n[project]\nmode = "readwrite"\n')
+    m = str(uuid.uuid4().int % 10**8)
+    results: dict[str, dict] = {}
+    try:
+        async with session(project=str(project), config=config) as own:
+            async def one(name: str, code: str) -> None:
+                results[name] = (await call(own, "bash", code))[0]
 
-    async def one() -> None:
-        sc, _, _ = await call(s, "bash", "sleep 1")
-        results.append(sc)
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(4):
-            tg.start_soon(one)
-    found = [r for r in results if r.get("error", {}).get("code") == "busy"]
-    assert found, [dump(r) for r in results]
-    return found[0]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, "holder", f"sleep 1{m} & while [ ! -e /project/release ]; do sleep 0.02; done; kill $!; echo released")
+                await until(lambda: processes_with(m) or "holder" in results, f"the run never started: {results}")
+                assert "holder" not in results, dump(results)
+                tg.start_soon(one, "b", "echo b")
+                tg.start_soon(one, "c", "echo c")
+                await until(lambda: results.keys() & {"b", "c"}, f"neither call was answered: {results}")
+                (project / "release").touch()
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+    assert results["holder"]["stdout"] == "released\n", dump(results)
+    refused = [n for n in "bc" if results[n].get("error", {}).get("code") == "busy"]
+    assert len(refused) == 1, dump(results)
+    queued = "c" if refused == ["b"] else "b"
+    assert results[queued]["ok"] and results[queued]["stdout"] == f"{queued}\n", dump(results)
+    return results[refused[0]]
 
 
 async def sandbox_unavailable(s):
@@ -193,6 +229,9 @@ def test_every_documented_code_has_an_example():
 @pytest.mark.skipif(MODE != "host", reason="host-mode environments")
 @pytest.mark.parametrize("code", sorted(CASES))
 def test_the_code_is_produced(code):
+    if code in NEEDS_A_CGROUP and limits_mechanism() == "rlimits":
+        pytest.skip(NEEDS_A_CGROUP[code])
+
     async def t():
         async with session(config=CONFIG) as s:
             sc = await CASES[code](s)

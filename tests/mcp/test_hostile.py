@@ -243,7 +243,7 @@ def test_host_addresses_are_unreachable_from_bash_and_node():
             l.close()
 
 
-LEFT_LISTENING = """
+LISTENING = """
 import os, socket, sys, time
 tcp = socket.socket()
 tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -252,6 +252,9 @@ tcp.listen()
 unix = socket.socket(socket.AF_UNIX)
 unix.bind("\\0nsm-left-listening")
 unix.listen()
+"""
+
+LEFT_LISTENING = LISTENING + """
 if os.fork() == 0:  # detached: keeps both listening after the call's end
     os.setsid()
     null = os.open("/dev/null", os.O_RDWR)
@@ -262,6 +265,70 @@ if os.fork() == 0:  # detached: keeps both listening after the call's end
 print("listening", flush=True)
 time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
 """
+
+# Listens until told to stop: each TCP connection gets "up"; one that says
+# "done" ends the run (at most a minute: a test that fails leaves nothing).
+HELD_LISTENING = LISTENING + """
+print("listening", flush=True)
+tcp.settimeout(60)
+while True:
+    conn, _ = tcp.accept()
+    word = conn.recv(16)
+    conn.sendall(b"up")
+    conn.close()
+    if word == b"done":
+        break
+"""
+
+# Run on the host in the listening sandbox's network namespace: what a
+# connection from outside every other sandbox finds there.
+FROM_THE_HOST = """
+import socket, sys
+unix = socket.socket(socket.AF_UNIX)
+unix.settimeout(10)
+unix.connect("\\0nsm-left-listening")
+print("unix connected")
+# Last: "done" ends the listening run, and its sockets with it.
+tcp = socket.create_connection(("127.0.0.1", 47011), timeout=10)
+tcp.sendall(sys.argv[1].encode())
+tcp.settimeout(10)
+print("tcp", tcp.recv(16).decode())
+"""
+
+LISTEN_47011 = "0100007F:B7A3"  # 127.0.0.1:47011 in /proc/net/tcp
+
+
+async def listening_sandbox(seconds: float = 10) -> int:
+    """The host pid of a process of ours whose network namespace has both
+    listeners: TCP on 127.0.0.1:47011 and the abstract unix socket (each
+    namespace has its own /proc/PID/net)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for line in processes_with("/workspace/.main.", ours=True):
+            pid = int(line.split(":", 1)[0])
+            try:
+                tcp = [row.split() for row in pathlib.Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]]
+                unix = [row.split() for row in pathlib.Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]]
+            except OSError:
+                continue
+            # TCP state 0A: LISTEN; unix flags 00010000: accepting connections.
+            if (any(f[1] == LISTEN_47011 and f[3] == "0A" for f in tcp)
+                    and any(len(f) > 7 and f[7] == "@nsm-left-listening" and f[3] == "00010000" for f in unix)):
+                return pid
+        assert time.monotonic() < deadline, "no sandbox listens on both 127.0.0.1:47011 and @nsm-left-listening"
+        await anyio.sleep(0.02)
+
+
+def from_the_host(pid: int, word: str) -> str:
+    """FROM_THE_HOST, run in the network namespace of `pid` (a non-root
+    user enters the sandbox's user namespace first, which it owns)."""
+    enter = ["nsenter", f"--target={pid}", "--net"]
+    if os.geteuid() != 0:
+        enter[2:2] = ["--user", "--preserve-credentials"]
+    out = subprocess.run([*enter, "/usr/bin/python3", "-c", FROM_THE_HOST, word],
+                         capture_output=True, text=True, timeout=30)
+    return out.stdout + out.stderr
+
 
 REACH_LEFT = """
 import socket
@@ -289,18 +356,24 @@ def test_no_sandbox_reaches_what_another_left_listening():
             for _ in range(8):
                 sc, _, err = await call(s, "python", REACH_LEFT)
                 assert not err and sc["stdout"] == "refused\nrefused\n", dump(sc)
-            # While one listens, others run beside it.
+            # While one listens, others run beside it: the listener is
+            # reached from the host in its own namespace before and after
+            # them, so their "refused" is not for want of a listener.
             seen: list[dict] = []
 
             async def listen() -> None:
-                seen.append((await call(s, "python", LEFT_LISTENING.replace("else 0", "else 2")))[0])
+                seen.append((await call(s, "python", HELD_LISTENING))[0])
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(listen)
-                await anyio.sleep(1)
+                pid = await listening_sandbox()
+                reached = await anyio.to_thread.run_sync(from_the_host, pid, "ping")
+                assert reached == "unix connected\ntcp up\n", reached
                 for _ in range(3):
                     sc, _, err = await call(s, "python", REACH_LEFT)
                     assert not err and sc["stdout"] == "refused\nrefused\n", dump(sc)
+                reached = await anyio.to_thread.run_sync(from_the_host, pid, "done")
+                assert reached == "unix connected\ntcp up\n", reached
             assert seen[0]["stdout"] == "listening\n", dump(seen[0])
     run_async(t)
 
@@ -539,7 +612,9 @@ def test_flooding_every_channel_keeps_the_server_within_64_mb():
         idle = status_kib("VmRSS")
         # The reply channel: one endless line, then endless short lines.
         sc = run(3, "while :; do printf '%01024d' 0 >&204; done", session="flood")
-        assert sc["error"]["code"] == "killed_by_signal" or not sc["ok"], sc
+        # The server kills the session: a failed run, by SIGKILL.
+        assert sc["ok"] is False, sc
+        assert sc["error"]["code"] == "killed_by_signal" and sc["signal"] == "SIGKILL", sc
         assert "4096 bytes in a line" in sc["session"]["reset"], sc
         sc = run(4, "yes '{}' >&204", session="flood")
         assert "1024 KiB in a call" in sc["session"]["reset"], sc
@@ -673,12 +748,69 @@ def test_sustained_load_leaves_no_zombies():
     assert set(zombie_children(os.getpid())) - before == set()
 
 
+def cgroup_counts_cpu() -> bool:
+    """Whether a cgroup counts the CPU time of all of a run's processes
+    together here: cgroup v2 always (cpu.stat), cgroup v1 where the host
+    mounts the cpuacct controller; rlimits never (RLIMIT_CPU is per
+    process). `cpu_quota()` is another matter: the cpu controller's quota."""
+    mechanism = limits_mechanism()
+    if mechanism == "cgroup v2":
+        return True
+    if mechanism == "cgroup v1":
+        mounts = [line.split() for line in pathlib.Path("/proc/self/mounts").read_text().splitlines()]
+        return any(m[2] == "cgroup" and "cpuacct" in m[3].split(",") for m in mounts)
+    return False
+
+
+CPU_ONE_SECOND = write_config("[defaults]\ncpu_seconds = 1\ntimeout_ms = 30000\n")
+
+def spread_cpu(idle_seconds: int) -> str:
+    """Four processes with 0.6 s of CPU each: 2.4 s together, each under
+    the limit of 1 s. Then the main one waits, idle, for `idle_seconds`
+    (for the limit, where a cgroup counts the sum)."""
+    return ("import os, time\nfor i in range(4):\n    if os.fork() == 0:\n        t = time.process_time()\n"
+            "        while time.process_time() - t < 0.6:\n            pass\n        os.write(1, b'done %d\\n' % i)\n"
+            f"        os._exit(0)\nfor i in range(4):\n    os.wait()\nprint('all done', flush=True)\ntime.sleep({idle_seconds})\n")
+
+
 def test_cpu_time_counts_every_process_of_a_run():
-    """cpu_seconds bounds the run's CPU time: three busy processes share it
-    (with a cgroup that counts CPU; without one, each process has it, and
-    the main one running out ends the run)."""
+    """With a cgroup that counts CPU, cpu_seconds bounds the run's CPU time
+    however it is spread: four processes, none over the limit on its own,
+    are stopped together once their sum passes it (a per-process
+    RLIMIT_CPU never fires for them: the next test)."""
+    if not cgroup_counts_cpu():
+        pytest.skip(f"limits here: {limits_mechanism()}, no cgroup counts CPU time: "
+                    "cpu_seconds is per process (RLIMIT_CPU), as documented")
+
     async def t():
-        async with session(config=write_config("[defaults]\ncpu_seconds = 1\ntimeout_ms = 30000\n")) as s:
+        async with session(config=CPU_ONE_SECOND) as s:
+            t0 = time.monotonic()
+            sc, _, err = await call(s, "python", spread_cpu(20))
+            assert err and sc["limit"] == "cpu" and sc["error"]["code"] == "cpu_limit", dump(sc)
+            assert "1 s of CPU time" in sc["error"]["message"], dump(sc)
+            # Stopped by the count, not by the run's 30 s limit.
+            assert time.monotonic() - t0 < 15 and not sc["timed_out"], dump(sc)
+            assert sc["cpu_ms"] >= 1000, dump(sc)
+            await still_serving(s)
+    run_async(t)
+
+
+def test_without_a_cgroup_cpu_seconds_bounds_each_process_alone():
+    """rlimits (the fallback, forced here): the same four processes each
+    stay under RLIMIT_CPU, so the run ends by itself: what the test above
+    tells a counting cgroup from."""
+    async def t():
+        async with session(config=CPU_ONE_SECOND, env={"NIX_SANDBOX_LIMITS": "rlimits"}) as s:
+            sc, _, err = await call(s, "python", spread_cpu(0))
+            assert not err and sc["stdout"].endswith("all done\n") and sc["stdout"].count("done ") == 4, dump(sc)
+    run_async(t)
+
+
+def test_a_busy_process_meets_the_cpu_limit_under_every_mechanism():
+    """One process over the limit is stopped whatever the mechanism (its
+    RLIMIT_CPU, or the cgroup's count), busy siblings beside it."""
+    async def t():
+        async with session(config=CPU_ONE_SECOND) as s:
             sc, _, err = await call(s, "bash", "for i in 1 2; do (while :; do :; done) & done; while :; do :; done")
             assert err and sc["limit"] == "cpu" and sc["error"]["code"] == "cpu_limit", dump(sc)
             assert "1 s of CPU time" in sc["error"]["message"], dump(sc)

@@ -13,11 +13,12 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 
 import anyio
 import pytest
 
-from harness import RawServer, call, dump, run_async, session, write_config
+from harness import RawServer, call, dump, processes_with, run_async, session, write_config
 
 LOAD = write_config("[defaults]\npids = 64\n[server]\nmax_concurrent_runs = 8\nmax_queued_runs = 64\n")
 
@@ -98,7 +99,10 @@ def test_the_memory_budget_bounds_what_runs_at_once():
     already: the first run takes its share as soon as it is ready, instead
     of waiting until the pool lets an idle sandbox go (a minute)."""
     config = write_config("[defaults]\nmemory_mb = 128\n[server]\nmemory_budget_mb = 200\nmax_concurrent_runs = 4\n")
-    first = "import time\ntime.sleep(2)\nprint(time.time())"
+    # The first holds its sandbox for two seconds from when the host sees
+    # it run (a `sleep` carrying a marker); the second is sent only then.
+    m = str(uuid.uuid4().int % 10**8)
+    first = f"import subprocess, time\nsubprocess.run(['sleep', '2.{m}'])\nprint(time.time())"
     second = "import time\nprint(time.time())"
 
     async def t():
@@ -112,7 +116,10 @@ def test_the_memory_budget_bounds_what_runs_at_once():
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(go, "first", first)
-                await anyio.sleep(0.5)
+                deadline = time.monotonic() + 20
+                while not processes_with(m) and "first" not in results and time.monotonic() < deadline:
+                    await anyio.sleep(0.02)
+                assert processes_with(m), f"the first run was never seen running: {dump(results)}"
                 tg.start_soon(go, "second", second)
             (a, _, a_err), (b, _, b_err) = results["first"], results["second"]
             assert not a_err and not b_err, dump(results)

@@ -11,6 +11,8 @@ import uuid
 
 import anyio
 import pytest
+from mcp import MCPError
+from mcp.types import REQUEST_TIMEOUT
 
 from harness import call, dump, processes_with, readable_tmpdir, run_async, session, write_config
 
@@ -79,11 +81,17 @@ def test_a_client_read_timeout_cancels_the_run():
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
-                with pytest.raises(Exception):
+                # The client's own timeout, not a closed connection (a crashed
+                # server) nor an error reply from the server.
+                with pytest.raises(MCPError) as raised:
                     await s.call_tool("run", {"env": "bash", "code": f"sleep {m}"}, read_timeout_seconds=3)
                 tg.cancel_scope.cancel()
+            assert (raised.value.code, raised.value.message) == (REQUEST_TIMEOUT, "Request 'tools/call' timed out"), (
+                raised.value.code, raised.value.message)
             assert seen_running, "the run was never seen on the host before the read timeout"
             await gone_within(m)
+            sc, _, err = await call(s, "bash", "echo still serving")
+            assert not err and sc["stdout"] == "still serving\n", dump(sc)
     run_async(t)
 
 
@@ -223,11 +231,47 @@ def test_job_errors_say_what_to_do():
             r = await job(s, id="job-99")
             assert r.is_error and r.structured_content["error"]["code"] == "unknown_job"
             assert "no jobs" in r.structured_content["error"]["suggestion"].lower()
-            for bad in ({"id": 5}, {"id": "job-1", "wait_seconds": 500}, {"id": "job-1", "stdout_offset": -1}, {"what": 1}):
-                r = await s.call_tool("job", bad)
-                assert r.is_error and r.structured_content["error"]["code"] in ("invalid_input", "unknown_job"), (bad, r.structured_content)
             listing = (await job(s)).structured_content
             assert listing == {"ok": True, "jobs": []}
+
+            # Real jobs, so that each bound is what refuses the call (for an
+            # unknown id, the id is refused before any bound is looked at).
+            running, _, err = await call(s, "bash", "sleep 60", background=True)
+            assert not err, dump(running)
+            done, _, err = await call(s, "bash", "echo done", background=True)
+            assert not err, dump(done)
+            r = (await job(s, id=done["job"], wait_seconds=10)).structured_content
+            assert r["state"] == "finished" and r["stdout"] == "done\n", dump(r)
+            ids = (running["job"], done["job"])
+            for id_ in ids:
+                for bad, message in (
+                    ({"wait_seconds": 500}, "`wait_seconds` must be between 0 and 60"),
+                    ({"wait_seconds": 60.5}, "`wait_seconds` must be between 0 and 60"),
+                    ({"wait_seconds": -1}, "`wait_seconds` must be between 0 and 60"),
+                    ({"stdout_offset": -1}, "`stdout_offset` must be a byte offset (an integer of 0 or more), not a number"),
+                    ({"stderr_offset": 1.5}, "`stderr_offset` must be a byte offset (an integer of 0 or more), not a number"),
+                    ({"kill": "yes"}, "`kill` must be true or false, not a string"),
+                ):
+                    r = await s.call_tool("job", {"id": id_, **bad})
+                    sc = r.structured_content
+                    assert r.is_error and sc["error"]["code"] == "invalid_input", (id_, bad, dump(sc))
+                    assert sc["error"]["message"] == message, (id_, bad, dump(sc))
+            # At the bounds themselves, the call is answered (the finished
+            # job's wait ends at once).
+            for fine in ({"wait_seconds": 60}, {"wait_seconds": 0}, {"stdout_offset": 0}):
+                r = await s.call_tool("job", {"id": done["job"], **fine})
+                assert not r.is_error and r.structured_content["state"] == "finished", (fine, dump(r.structured_content))
+            for bad, message in (
+                ({"id": 5}, "`id` must be a string, not a number"),
+                ({"what": 1}, "unknown argument `what`; job takes `id`, `wait_seconds`, `kill`, `stdout_offset`, `stderr_offset`"),
+            ):
+                r = await s.call_tool("job", bad)
+                sc = r.structured_content
+                assert r.is_error and sc["error"]["code"] == "invalid_input" and sc["error"]["message"] == message, (bad, dump(sc))
+            # None of the refused calls touched the jobs.
+            listing = (await job(s)).structured_content
+            assert [(j["job"], j["state"]) for j in listing["jobs"]] == [(ids[0], "running"), (ids[1], "finished")], dump(listing)
+            await job(s, id=running["job"], kill=True)
     run_async(t)
 
 

@@ -5,13 +5,16 @@ lifetime, and leaves no process behind."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import shutil
 import time
 import uuid
 
 import anyio
 import pytest
 
-from harness import RawServer, call, dump, limits_mechanism, processes_with, run_async, session, write_config
+from harness import RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session, write_config
 
 
 def marker() -> str:
@@ -309,35 +312,71 @@ def test_limits_hold_for_the_whole_session():
 LOOP = ("import os\nn = 0\nwhile True:\n    n += 1\n    if n % 1000 == 0:\n"
         "        open('/workspace/c.tmp', 'w').write(str(n))\n        os.replace('/workspace/c.tmp', '/workspace/count')\n")
 # The same loop in bash alone (a Nix-built bash environment has no python).
-BASH_LOOP = ("(n=0; while :; do n=$((n + 1)); if ((n % 100 == 0)); then "
-             "echo $n > /workspace/c.tmp; mv /workspace/c.tmp /workspace/count; fi; done) &")
+BASH_LOOP = ("n=0; while :; do n=$((n + 1)); if ((n % 100 == 0)); then "
+             "echo $n > /workspace/c.tmp; mv /workspace/c.tmp /workspace/count; fi; done")
+# Calls that wait (ten seconds at most) until the loop's count goes past
+# what it was when the call began, and print both.
+BASH_ADVANCED = ("count() { cat /workspace/count 2>/dev/null || echo 0; }\na=$(count); b=$a\n"
+                 "for ((i = 0; i < 500; i++)); do b=$(count); [ \"$b\" -gt \"$a\" ] && break; sleep 0.02; done\necho \"$a $b\"")
+PYTHON_ADVANCED = ("import time\ndef count():\n    try:\n        return int(open('/workspace/count').read())\n"
+                   "    except (OSError, ValueError):\n        return 0\n"
+                   "a = b = count()\ndeadline = time.monotonic() + 10\nwhile b <= a and time.monotonic() < deadline:\n"
+                   "    time.sleep(0.02)\n    b = count()\nprint(a, b)")
 
 
-@pytest.mark.parametrize("env,start,wait,read", [
-    ("bash", BASH_LOOP, "sleep 0.5", "cat /workspace/count"),
-    ("python", f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {LOOP!r}])",
-     "import time; time.sleep(0.5)", "print(open('/workspace/count').read())"),
+async def loop_pid(m: str, seconds: float = 5) -> int:
+    """The host pid of the loop carrying `m`: the one whose parent does not
+    carry it too (bash forks before each `mv`, and a fork not yet turned
+    into `mv` carries the loop's command line)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        carrying = {int(p.split(":", 1)[0]) for p in processes_with(m)}
+        loops = []
+        for pid in carrying:
+            try:
+                parent = int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if parent not in carrying:
+                loops.append(pid)
+        if len(loops) == 1:
+            return loops[0]
+        assert time.monotonic() < deadline, f"no one loop carries {m}: {processes_with(m)}"
+        await anyio.sleep(0.02)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of `pid` and of its children it has waited for."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("env,start,advanced", [
+    ("bash", f"bash -c '{BASH_LOOP}' loop-{{m}} &\nuntil grep -q loop-{{m}} /proc/$!/cmdline 2>/dev/null; do :; done",
+     BASH_ADVANCED),
+    ("python", f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {LOOP!r}, 'loop-{{m}}'])", PYTHON_ADVANCED),
 ])
-def test_background_work_does_not_run_between_calls(env, start, wait, read):
+def test_background_work_does_not_run_between_calls(env, start, advanced):
     """A session's processes are stopped between calls (frozen cgroup, or
-    SIGSTOP without one): a busy loop left behind makes (almost) no progress
-    while the session waits, and goes on during the next call."""
-    async def count(s) -> int:
-        return int((await ok(s, env, read, "busy"))["stdout"] or 0)
+    SIGSTOP without one): a busy loop left behind uses (almost) no CPU
+    while the session waits, as the host counts it, and goes on during the
+    next call, as the call sees it."""
+    m = marker()
+
+    async def goes_on(s) -> None:
+        out = (await ok(s, env, advanced, "busy"))["stdout"].split()
+        assert int(out[1]) > int(out[0]), f"the loop did not go on during a call: {out}"
 
     async def t():
         async with session() as s:
-            await ok(s, env, start, "busy")
-            await ok(s, env, wait, "busy")
-            first = await count(s)
+            await ok(s, env, start.format(m=m), "busy")
+            loop = await loop_pid(f"loop-{m}")
+            await goes_on(s)
+            before = cpu_seconds(loop)
             await anyio.sleep(2)
-            second = await count(s)
-            await ok(s, env, wait, "busy")
-            third = await count(s)
-            # Two seconds between calls must count for less than the half
-            # second of a call in which the loop runs.
-            assert third - second > 0, "the loop did not go on during a call"
-            assert second - first < (third - second) / 2, (first, second, third)
+            between = cpu_seconds(loop) - before
+            assert between < 0.1, f"{between:.2f} s of CPU in two seconds between calls"
+            await goes_on(s)
     run_async(t)
 
 
@@ -349,14 +388,19 @@ def test_idle_sessions_are_closed_and_the_next_call_says_so():
         async with session(config=config) as s:
             await ok(s, "bash", f"x=1; {bash_bg(m)}", "idle")
             await seen_within(m, 1)
-            await anyio.sleep(1.5)
-            await gone_within(m, 5)
+            # Closed (its processes gone) once idle for a second.
+            await gone_within(m, 15)
             sc, text, err = await call(s, "bash", "echo $x", session="idle")
             assert err and sc["error"]["code"] == "session_expired", dump(sc)
             assert "idle for 1 s" in sc["error"]["message"] and "state is gone" in sc["error"]["message"], dump(sc)
             assert 'session "idle" to start a fresh one' in sc["error"]["suggestion"], dump(sc)
             sc = await ok(s, "bash", "echo \"[$x]\"", "idle")
             assert sc["stdout"] == "[]\n" and sc["session"]["state"] == "new", dump(sc)
+            # A call longer than the idle time is not idleness: the session
+            # and its state outlive it.
+            await ok(s, "bash", "y=2; sleep 2.5", "long")
+            sc = await ok(s, "bash", "echo $y", "long")
+            assert sc["stdout"] == "2\n" and sc["session"]["state"] == "continued", dump(sc)
     run_async(t)
 
 
@@ -389,7 +433,51 @@ def test_the_least_recently_used_session_makes_room():
             assert err and sc["error"]["code"] == "session_expired" and "least recently used" in sc["error"]["message"], dump(sc)
             sc = await ok(s, "python", "print(a)", "a")
             assert sc["stdout"] == "1\n"
+            # Back to back, so that the least recently used session may still
+            # be being paused after its call when the next needs room: being
+            # paused is not being in a call, and it still goes.
+            for round in range(5):
+                await ok(s, "python", "x = 1", f"kept{round}")
+                await ok(s, "python", "x = 2", f"lru{round}")
+                await ok(s, "python", "x += 1", f"kept{round}")
+                await ok(s, "python", "x = 3", f"newest{round}")
+                sc, _, err = await call(s, "python", "print(x)", session=f"lru{round}")
+                assert err and sc["error"]["code"] == "session_expired", dump(sc)
+                assert (await ok(s, "python", "print(x)", f"kept{round}"))["stdout"] == "2\n"
     run_async(t)
+
+
+def test_a_session_in_a_call_is_never_closed_to_make_room():
+    """With every session in a call, a new one is refused as busy, naming
+    them; once the call has returned, the new one takes its place."""
+    project = readable_tmpdir()
+    config = write_config('[server]\nmax_sessions = 1\n[project]\nmode = "readwrite"\n')
+    m = marker()
+
+    async def t():
+        async with session(project=str(project), config=config) as s:
+            results: dict[str, dict] = {}
+
+            async def hold() -> None:
+                results["held"] = await ok(
+                    s, "bash", f"sleep 1{m} & until [ -e /project/release ]; do sleep 0.02; done; kill $!; echo released", "held")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await seen_within(m, 1)
+                sc, _, err = await call(s, "bash", "echo new", session="new")
+                assert err and sc["error"]["code"] == "busy", dump(sc)
+                assert "all 1 sessions (held) are in a call" in sc["error"]["message"], dump(sc)
+                assert "held" not in results, dump(results)
+                (project / "release").touch()
+            assert results["held"]["stdout"] == "released\n", dump(results)
+            assert (await ok(s, "bash", "echo new", "new"))["stdout"] == "new\n"
+            sc, _, err = await call(s, "bash", "echo again", session="held")
+            assert err and sc["error"]["code"] == "session_expired", dump(sc)
+    try:
+        run_async(t)
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
 
 
 def test_calls_on_one_session_run_one_at_a_time():

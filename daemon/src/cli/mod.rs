@@ -123,11 +123,8 @@ PROTOCOL LIMITS (--stdio)
     and output_limit_mb; a session's reply channel 4 KiB a line, 1 MiB a call).
 
 EXIT STATUS
-    run exits with the program's own status; 124 when it timed out, 125 when a
-    limit other than time ended it, 126 when the sandbox could not start, 2
-    when there is no code to run (empty, only whitespace, a NUL byte or not
-    UTF-8), 141 when its standard output was closed early (as by `| head`),
-    which ends the run.
+    run exits with the program's own status, or one that says what else
+    ended it or kept it from running (the table in `run --help`).
     doctor exits 0 when every check passed (warnings allowed), 1 otherwise.
     Every command that prints stops quietly when its output is closed.
 
@@ -140,6 +137,25 @@ EXAMPLES
     nix-sandbox-mcp envs
     nix-sandbox-mcp caches --clear
     nix-sandbox-mcp doctor";
+
+/// `run --help`'s table of exit statuses (set out as written, where a doc
+/// comment's lines would be joined).
+const RUN_EXIT_STATUS: &str = "\
+EXIT STATUS
+    0-122   the program's own exit status
+    2       also: nothing was run (no code, empty code, a NUL byte, not UTF-8)
+    123     nothing was run: the server could not start (configuration,
+            platform; the message says what to fix)
+    124     the run's time limit ended it
+    125     another limit ended it (memory, processes, CPU, output, file size)
+    126     the sandbox could not be started (the message gives the fix)
+    127     nothing was run: no such environment or artifact
+    128+N   the program was killed by signal N
+    130     interrupted (Ctrl-C): the sandbox was killed
+    141     standard output was closed (a reader such as `head` went away)
+
+A program that itself exits with 123 to 127 or 128+N cannot be told from
+these; the message on stderr (prefixed `nix-sandbox-mcp:`) can.";
 
 #[derive(Parser, Debug)]
 #[command(name = "nix-sandbox-mcp", version, about = ABOUT, long_about = LONG_ABOUT, after_long_help = AFTER_HELP)]
@@ -172,21 +188,7 @@ enum Command {
     /// refused, as it is over MCP. Output streams to the terminal as it is
     /// produced.
     ///
-    /// EXIT STATUS
-    ///     0-122   the program's own exit status
-    ///     2       also: nothing was run (no code, empty code, a NUL byte, not UTF-8)
-    ///     123     nothing was run: the server could not start (configuration,
-    ///             platform; the message says what to fix)
-    ///     124     the run's time limit ended it
-    ///     125     another limit ended it (memory, processes, CPU, output, file size)
-    ///     126     the sandbox could not be started (the message gives the fix)
-    ///     127     nothing was run: no such environment or artifact
-    ///     128+N   the program was killed by signal N
-    ///     130     interrupted (Ctrl-C): the sandbox was killed
-    ///     141     standard output was closed (a reader such as `head` went away)
-    ///
-    /// A program that itself exits with 123 to 127 or 128+N cannot be told
-    /// from these; the message on stderr (prefixed `nix-sandbox-mcp:`) can.
+    #[command(after_long_help = RUN_EXIT_STATUS)]
     Run {
         /// Environment to run in (see `envs`)
         #[arg(short, long, value_name = "NAME", required_unless_present = "artifact")]
@@ -325,6 +327,9 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(dispatch(cli));
     // Runs killed at shutdown may still be settling; don't wait for blocked readers.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    // A thread the runtime does not wait for (one preparing a sandbox the
+    // start-up no longer wants, say) may still be removing the groups.
+    crate::limits::remove_every_group();
     result
 }
 

@@ -181,17 +181,60 @@ pub(super) struct GroupPool {
     /// Finished groups go here; a background thread waits for each to empty
     /// and returns it to `free`.
     recycle: Mutex<Option<std::sync::mpsc::Sender<Group>>>,
+    teardown: Arc<Teardown>,
+}
+
+/// A pool's containers and whether they are removed yet. Groups are created
+/// only under its lock, and never once it is removed: a teardown and a
+/// group made at the same moment cannot leave the group behind.
+#[derive(Debug)]
+struct Teardown {
+    containers: Vec<PathBuf>,
+    removed: Mutex<bool>,
+}
+
+impl Teardown {
+    fn run(&self) {
+        let mut removed = self.removed.lock().recover();
+        if !*removed {
+            for c in &self.containers {
+                remove_container(c);
+            }
+            *removed = true;
+        }
+    }
+}
+
+/// The teardown of every pool this process started. The thread that drops
+/// a pool last runs its teardown; where that thread is still at it when the
+/// process ends (a server signalled as it starts, with a sandbox being
+/// prepared in the background), [`remove_every_group`] finishes it.
+static TEARDOWNS: Mutex<Vec<Arc<Teardown>>> = Mutex::new(Vec::new());
+
+/// Removes the groups and containers of every pool this process started,
+/// waiting for a teardown under way elsewhere: called as the process ends.
+pub(super) fn remove_every_group() {
+    let teardowns = std::mem::take(&mut *TEARDOWNS.lock().recover());
+    for t in teardowns {
+        t.run();
+    }
 }
 
 impl GroupPool {
     pub(super) fn start(hierarchy: Box<dyn Hierarchy>) -> Arc<GroupPool> {
         let (tx, rx) = std::sync::mpsc::channel::<Group>();
+        let teardown = Arc::new(Teardown {
+            containers: hierarchy.containers(),
+            removed: Mutex::new(false),
+        });
+        TEARDOWNS.lock().recover().push(teardown.clone());
         let pool = Arc::new(GroupPool {
             hierarchy,
             free: Mutex::new(Vec::new()),
             target: std::sync::atomic::AtomicUsize::new(0),
             next_id: Mutex::new(0),
             recycle: Mutex::new(Some(tx)),
+            teardown,
         });
         let weak = Arc::downgrade(&pool);
         let spawned = std::thread::Builder::new()
@@ -267,8 +310,12 @@ impl GroupPool {
             *n += 1;
             *n
         };
+        let removed = self.teardown.removed.lock().recover();
+        if *removed {
+            return Err(io::Error::other("the server is shutting down"));
+        }
         let mut dirs = Vec::new();
-        for c in self.hierarchy.containers() {
+        for c in &self.teardown.containers {
             let d = c.join(format!("run-{id}"));
             match fs::create_dir(&d) {
                 Ok(()) => {}
@@ -277,6 +324,7 @@ impl GroupPool {
             }
             dirs.push(d);
         }
+        drop(removed);
         // Where a thread file cannot be opened, the process is moved by pid.
         let joins = self.hierarchy.thread_file().and_then(|name| {
             let open = |d: &PathBuf| fs::OpenOptions::new().write(true).open(d.join(name));
@@ -375,9 +423,7 @@ impl GroupPool {
         // The recycler makes no more groups either.
         self.target.store(0, std::sync::atomic::Ordering::Relaxed);
         self.free.lock().recover().clear();
-        for c in self.hierarchy.containers() {
-            remove_container(&c);
-        }
+        self.teardown.run();
     }
 }
 

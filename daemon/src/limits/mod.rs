@@ -221,6 +221,12 @@ impl Enforcer {
     }
 }
 
+/// Removes every cgroup this process made, whichever enforcer made it and
+/// whichever thread still holds it: the last step before the process exits.
+pub fn remove_every_group() {
+    groups::remove_every_group();
+}
+
 /// A reserved group for one sandbox. Keep it alive until the sandbox has
 /// ended, then call [`Lease::release`]; dropped earlier, it kills the group.
 #[derive(Debug)]

@@ -87,6 +87,10 @@ struct Session {
     env: Arc<Environment>,
     created: Instant,
     last_used: Mutex<Instant>,
+    /// Calls queued on it or running: a session with one is never closed
+    /// to make room, nor as idle. (Its lock says less: the pause after a
+    /// call holds it too.)
+    calls: std::sync::atomic::AtomicUsize,
     /// One call at a time; `None` when the sandbox must be (re)started.
     /// Shared, so that pausing after a call can hold it past the call.
     live: Arc<tokio::sync::Mutex<State>>,
@@ -131,7 +135,8 @@ impl Sessions {
         let kind = env
             .kind
             .ok_or_else(|| SessionError::Unsupported(env.name.clone()))?;
-        let session = self.session(name, env)?;
+        let in_call = self.session(name, env)?;
+        let session = &in_call.0;
         // Calls on one session queue here, before they take a run slot.
         let mut state = tokio::select! {
             state = session.live.clone().lock_owned() => state,
@@ -140,7 +145,7 @@ impl Sessions {
         let _run_slot = match self.executor.slot(cancel).await {
             Ok(s) => s,
             Err(e) => {
-                self.forget_unstarted(name, &session, &state);
+                self.forget_unstarted(name, session, &state);
                 return Err(e.into());
             }
         };
@@ -157,7 +162,7 @@ impl Sessions {
             match self.start_agent(env, kind, cancel).await {
                 Ok(agent) => state.agent = Some(agent),
                 Err(e) => {
-                    self.forget_unstarted(name, &session, &state);
+                    self.forget_unstarted(name, session, &state);
                     return Err(e);
                 }
             }
@@ -198,8 +203,10 @@ impl Sessions {
         }
     }
 
-    /// The session `name`, created for `env` when it does not exist yet.
-    fn session(&self, name: &str, env: &Arc<Environment>) -> Result<Arc<Session>, SessionError> {
+    /// A call on session `name`, created for `env` when it does not exist
+    /// yet. Counted in before the table is let go, so that no other call
+    /// closes it to make room in between.
+    fn session(&self, name: &str, env: &Arc<Environment>) -> Result<InCall, SessionError> {
         let mut table = self.table.lock().recover();
         if let Some(s) = table.get(name) {
             if s.env.name != env.name {
@@ -208,7 +215,7 @@ impl Sessions {
                     env: s.env.name.clone(),
                 });
             }
-            return Ok(s.clone());
+            return Ok(InCall::enter(s));
         }
         // A name the reaper closed is reported once; the next call starts afresh.
         if let Some((why, _)) = self.gone.lock().recover().remove(name) {
@@ -222,7 +229,7 @@ impl Sessions {
             let max = self.limits.max_sessions;
             let victim = table
                 .iter()
-                .filter(|(_, s)| s.live.try_lock().is_ok())
+                .filter(|(_, s)| !s.in_call())
                 .min_by_key(|(_, s)| *s.last_used.lock().recover())
                 .map(|(n, _)| n.clone());
             let Some(victim) = victim else {
@@ -241,10 +248,11 @@ impl Sessions {
             env: env.clone(),
             created: Instant::now(),
             last_used: Mutex::new(Instant::now()),
+            calls: Default::default(),
             live: Arc::new(tokio::sync::Mutex::new(State::default())),
         });
         table.insert(name.to_string(), s.clone());
-        Ok(s)
+        Ok(InCall::enter(&s))
     }
 
     async fn start_agent(
@@ -298,6 +306,7 @@ impl Sessions {
             let now = Instant::now();
             let names: Vec<(String, String)> = table
                 .iter()
+                .filter(|(_, s)| !s.in_call())
                 .filter_map(|(n, s)| {
                     let idle = now.duration_since(*s.last_used.lock().recover());
                     let age = now.duration_since(s.created);
@@ -386,6 +395,32 @@ impl Session {
         if let Some(mut agent) = state.agent.take() {
             agent.kill().await;
         }
+    }
+}
+
+impl Session {
+    fn in_call(&self) -> bool {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+}
+
+/// A call on a session, from before it queues until it has returned.
+struct InCall(Arc<Session>);
+
+impl InCall {
+    fn enter(session: &Arc<Session>) -> InCall {
+        session
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InCall(session.clone())
+    }
+}
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        self.0
+            .calls
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

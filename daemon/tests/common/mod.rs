@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod skip;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
