@@ -99,7 +99,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     let (mut gathered, mut builds) = (Gathered::default(), Builds::default());
     let registry = if opts.load_environments {
         let project_dir = project.as_ref().map(|p| p.host_path.as_path());
-        let sources = registry::sources();
+        let sources = registry::sources(&config.knobs);
         if opts.in_background {
             (gathered, builds) = registry::gather_now(&config, project_dir, &sources);
         } else {
@@ -133,33 +133,24 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     })
 }
 
-/// Set to `off`, no sandbox is prepared ahead of a call: each call sets its
-/// own up (for troubleshooting, and to measure what the pool saves).
-pub const NO_POOL_VAR: &str = "NIX_SANDBOX_POOL";
-
 /// Probes the platform and limits and builds the executor.
 /// With `prestart`, sandboxes are kept started ahead of time, as many as
 /// demand wants and may run at once (see `exec::prestart`).
 pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartError> {
-    let prestart = prestart && std::env::var_os(NO_POOL_VAR).is_none_or(|v| v != "off");
-    let platform = Platform::probe().map_err(|error| StartError::Platform {
-        fix: error.fix(),
-        error,
-    })?;
+    let knobs = &config.knobs;
+    let prestart = prestart && knobs.switches.pool;
+    let platform =
+        Platform::probe(knobs.bwrap.as_deref()).map_err(|error| StartError::Platform {
+            fix: error.fix(),
+            error,
+        })?;
     crate::limits::raise_open_files_limit();
-    let enforcer = match std::env::var("NIX_SANDBOX_LIMITS").as_deref() {
-        Err(_) | Ok("") | Ok("auto") => Enforcer::detect(),
-        Ok("rlimits") => Enforcer::rlimits_only(
+    let enforcer = match knobs.limits {
+        config::LimitsChoice::Auto => Enforcer::detect(),
+        config::LimitsChoice::Rlimits => Enforcer::rlimits_only(
             "cgroups turned off by NIX_SANDBOX_LIMITS=rlimits",
             "unset NIX_SANDBOX_LIMITS (or set it to auto)",
         ),
-        Ok(other) => {
-            return Err(StartError::Config(config::ConfigError::Env {
-                name: "NIX_SANDBOX_LIMITS",
-                value: other.to_string(),
-                message: "expected auto or rlimits".to_string(),
-            }));
-        }
     };
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -181,13 +172,7 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
         .server
         .memory_budget_mb
         .map_or_else(crate::exec::default_budget_mib, |m| m.0);
-    let resolver = crate::network::Resolver::from_env().map_err(|message| {
-        StartError::Config(config::ConfigError::Env {
-            name: crate::network::TEST_RESOLVE_VAR,
-            value: std::env::var(crate::network::TEST_RESOLVE_VAR).unwrap_or_default(),
-            message,
-        })
-    })?;
+    let resolver = resolver(config)?;
     Ok(Executor::new(
         Arc::new(platform),
         enforcer,
@@ -198,7 +183,35 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
             memory_budget_mib,
         },
         crate::network::Proxy::new(resolver),
+        knobs.switches,
     ))
+}
+
+/// The proxy's resolver: the host's, except in a test build told otherwise.
+#[cfg(any(test, feature = "test-knobs"))]
+fn resolver(config: &Config) -> Result<crate::network::Resolver, StartError> {
+    use config::knobs::TEST_RESOLVE_VAR;
+    let Some(spec) = &config.knobs.test.resolve else {
+        return Ok(crate::network::Resolver::system());
+    };
+    let fixed = crate::network::parse_fixed(spec).map_err(|message| {
+        StartError::Config(config::ConfigError::Env {
+            name: TEST_RESOLVE_VAR,
+            value: spec.clone(),
+            message,
+        })
+    })?;
+    tracing::warn!(
+        "{TEST_RESOLVE_VAR} is set: the proxy resolves {} name(s) from it, not from DNS",
+        fixed.len()
+    );
+    Ok(crate::network::Resolver::with_fixed(fixed))
+}
+
+/// The proxy's resolver: the host's.
+#[cfg(not(any(test, feature = "test-knobs")))]
+fn resolver(_: &Config) -> Result<crate::network::Resolver, StartError> {
+    Ok(crate::network::Resolver::system())
 }
 
 /// The declared commands: the configuration's `[commands.NAME]` and the
@@ -250,6 +263,14 @@ fn commands_setup<'a>(
         ceilings,
         grants: config.project.grants.clone(),
         project,
+        #[cfg(any(test, feature = "test-knobs"))]
+        confirm_ttl: config
+            .knobs
+            .test
+            .confirm_ttl_ms
+            .map(std::time::Duration::from_millis),
+        #[cfg(not(any(test, feature = "test-knobs")))]
+        confirm_ttl: None,
     }
 }
 

@@ -101,7 +101,7 @@ pub enum RootFs {
 }
 
 /// Concrete limits for one run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limits {
     pub timeout: Duration,
     pub memory_bytes: u64,

@@ -1,16 +1,19 @@
 //! nix-sandbox-mcp: an MCP server that runs code in bubblewrap sandboxes whose
 //! toolchains come from Nix (or, without Nix, from the host).
 //!
-//! Modules, each with one job: `config` (TOML and env vars), `registry`
-//! (environments by name), `jail` (environment + call → bwrap argv), `exec`
-//! (every sandboxed process, from admission to reaping), `limits` (cgroups
-//! and rlimits), `seccomp` (the syscall filter), `platform` (what the host
-//! offers), `server` (the MCP surface), `app` (start-up wiring), `doctor`
-//! (diagnostics), `audit` (the run log), `jobs` (background runs),
-//! `sessions` (state across calls), `commands` (declared commands),
-//! `clients` (MCP clients' configuration), `network` (which hosts a sandbox
-//! may reach, and the proxy that holds it to that), `changes` (what a run
-//! changed in the project), `caches` (directories kept between calls),
+//! Modules, each with one job: `cli` (the command line: `serve`, `run`,
+//! `doctor`, …), `config` (TOML, and every environment variable the server
+//! reads, in `config/knobs.rs`), `environment` (one toolchain: its store
+//! paths, root filesystem and limits), `registry` (environments by name),
+//! `jail` (environment + call → a typed plan of the sandbox, rendered to
+//! bubblewrap's argv), `exec` (every sandboxed process, from admission to
+//! reaping), `limits` (cgroups and rlimits), `seccomp` (the syscall filter),
+//! `platform` (what the host offers), `server` (the MCP surface), `app`
+//! (start-up wiring), `doctor` (diagnostics), `audit` (the run log), `jobs`
+//! (background runs), `sessions` (state across calls), `commands` (declared
+//! commands), `clients` (MCP clients' configuration), `network` (which hosts
+//! a sandbox may reach, and the proxy that holds it to that), `changes` (what
+//! a run changed in the project), `caches` (directories kept between calls),
 //! `mountinfo` (the mount table), `sync` (locks that outlive a panic),
 //! `userns` (what keeps a host from giving sandboxes user namespaces).
 

@@ -140,7 +140,11 @@ fn run_timeout_exits_124_and_says_so() {
         "sleep 30",
     ]));
     assert_eq!(o.status.code(), Some(124));
-    assert!(text(&o.stderr).contains("timed out after 500 ms"));
+    assert!(
+        text(&o.stderr).contains("the run exceeded its 500 ms time limit"),
+        "{}",
+        text(&o.stderr)
+    );
     assert!(t.elapsed() < Duration::from_secs(10));
 }
 

@@ -535,7 +535,7 @@ async fn rlimit_fallback_still_bounds_memory_and_processes() {
     use nix_sandbox_mcp::exec::{Bounds, Executor};
     use nix_sandbox_mcp::limits::Enforcer;
     use nix_sandbox_mcp::platform::Platform;
-    let platform = Platform::probe().unwrap();
+    let platform = Platform::probe(None).unwrap();
     let enforcer = Enforcer::rlimits_only("forced by the test", "do not force it");
     assert_eq!(enforcer.mechanism(), Mechanism::Rlimits);
     let bounds = Bounds {
@@ -545,7 +545,13 @@ async fn rlimit_fallback_still_bounds_memory_and_processes() {
         memory_budget_mib: 4096,
     };
     let proxy = nix_sandbox_mcp::network::Proxy::new(nix_sandbox_mcp::network::Resolver::system());
-    let executor = Executor::new(Arc::new(platform), enforcer, bounds, proxy);
+    let executor = Executor::new(
+        Arc::new(platform),
+        enforcer,
+        bounds,
+        proxy,
+        Default::default(),
+    );
     let go = |env: &nix_sandbox_mcp::environment::Environment, code: &str| {
         let code = code.as_bytes().to_vec();
         let env = env.clone();

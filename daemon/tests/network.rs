@@ -661,7 +661,7 @@ const PYTHON: &str = "/usr/bin/python3";
 
 /// bubblewrap, or `None` (test skipped) where there is none usable.
 fn platform(test: &str) -> Option<Platform> {
-    match Platform::probe() {
+    match Platform::probe(None) {
         Ok(p) => Some(p),
         Err(e) => {
             skip(test, &format!("no usable bubblewrap: {e}"));
@@ -706,7 +706,7 @@ async fn jail(platform: &Platform, own_network: bool, command: &[String]) -> Jai
     if own_network {
         args.push("--unshare-net".into());
     }
-    if layout.disable_userns {
+    if layout.features.disable_userns {
         args.push("--disable-userns".into());
     }
     for (k, v) in proxy_env(PROXY_PORT) {

@@ -4,6 +4,7 @@ independent; helpers cover the common shapes of a call."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ipaddress
@@ -11,6 +12,7 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -30,6 +32,51 @@ BIN = os.environ.get("NSM_BIN", str(ROOT / "target" / "debug" / "nix-sandbox-mcp
 MODE = os.environ.get("NSM_MODE", "host")
 PASSTHROUGH = ("NIX_SANDBOX_DIR", "NIX_SANDBOX_ENVS", "NIX_SANDBOX_BUILTIN", "NIX_SANDBOX_LIMITS", "NIX_STORE_DIR", "RUST_LOG",
                "XDG_CONFIG_HOME")
+
+
+def _scratch(parent: str) -> pathlib.Path:
+    d = pathlib.Path(tempfile.mkdtemp(prefix="nsm-tests-", dir=parent))
+    d.chmod(0o755)  # a root server's sandbox (uid 65534) enters what is made under it
+    return d
+
+
+def _remove(path: pathlib.Path) -> None:
+    def writable_and_again(fn, p, _exc):  # a sandbox may leave a directory without write permission
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), 0o755)
+            os.chmod(p, 0o755)
+            fn(p)
+    shutil.rmtree(path, onerror=writable_and_again)
+
+
+# Everything a run of the tests writes (projects, configurations, logs) lives
+# under one directory per run, removed when the run ends: `tempfile` makes
+# its files there, and `var_tmpdir` under /var/tmp (for paths outside /tmp).
+SCRATCH = _scratch(tempfile.gettempdir())
+tempfile.tempdir = str(SCRATCH)
+_VAR_SCRATCH: list[pathlib.Path] = []
+atexit.register(lambda: [_remove(d) for d in (SCRATCH, *_VAR_SCRATCH)])
+
+
+def var_tmpdir() -> pathlib.Path:
+    """A fresh directory under /var/tmp, removed with the run's scratch."""
+    if not _VAR_SCRATCH:
+        _VAR_SCRATCH.append(_scratch("/var/tmp"))
+    d = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-", dir=_VAR_SCRATCH[0]))
+    d.chmod(0o755)
+    return d
+
+
+def require_test_knobs() -> None:
+    """Fails the calling module's collection unless BIN was built with the
+    `test-knobs` feature, whose variables (NIX_SANDBOX_TEST_*) it needs: a
+    test build refuses a malformed one, a release ignores it."""
+    probe = subprocess.run([BIN, "envs"], capture_output=True, text=True,
+                           env={**os.environ, "NIX_SANDBOX_TEST_CONFIRM_TTL_MS": "never"})
+    if probe.returncode == 0:
+        import pytest
+        pytest.fail(f"{BIN} has no test knobs: build it with `cargo build --features test-knobs` (as test-local.sh does)",
+                    pytrace=False)
 
 
 def server_params(config: str | None = None, project: str | None = None, env: dict[str, str] | None = None,

@@ -11,14 +11,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
 import pytest
 
-from harness import (BIN, MODE, HostListeners, RawServer, call, dump, fixture_project, limits_mechanism, processes_with, run_async,
-                     session, write_config)
+from harness import (BIN, HostListeners, MODE, RawServer, call, dump, fixture_project, limits_mechanism, processes_with, run_async,
+                     session, var_tmpdir, write_config)
 
 ENVS = ("bash", "node", "python")
 
@@ -338,7 +337,7 @@ def test_the_handshake_does_not_wait_for_the_start_checks_and_the_tool_list_does
     the handshake: initialize is answered at once, tools/list (and a call)
     when the checks end, with only the environments that started."""
     # Install prefixes outside /tmp (every sandbox has its own /tmp).
-    top = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-", dir="/var/tmp"))
+    top = var_tmpdir()
     d = top / "prefix" / "bin"
     d.mkdir(parents=True)
     for p in (top, top / "prefix", d):

@@ -9,11 +9,10 @@ import json
 import pathlib
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 
-from harness import MODE, call, run_async, session
+from harness import MODE, call, run_async, session, var_tmpdir
 
 
 # A static program that lists its store (the parent of its store path),
@@ -50,7 +49,7 @@ int main(int argc, char **argv) {
 
 @pytest.mark.skipif(MODE != "host" or shutil.which("cc") is None, reason="a static program, built with cc")
 def test_a_closure_is_seen_exactly_through_a_store_view_or_path_by_path():
-    top = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-", dir="/var/tmp"))
+    top = var_tmpdir()
     store = top / "store"
     program = store / ("0" * 32 + "-lister")
     (program / "bin").mkdir(parents=True)

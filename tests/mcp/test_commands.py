@@ -23,7 +23,9 @@ from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import stdio_client
 
-from harness import BIN, dump, processes_with, readable_tmpdir, run_async, server_params, write_config
+from harness import BIN, dump, processes_with, readable_tmpdir, require_test_knobs, run_async, server_params, write_config
+
+require_test_knobs()
 
 # A project with a file, a directory and symlinks out of it.
 def make_project(commands: str | None = None) -> pathlib.Path:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import pathlib
 import re
 import shutil
-import tempfile
 import time
 import uuid
 
 import anyio
 import pytest
 
-from harness import MODE, ROOT, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session, write_config
+from harness import MODE, ROOT, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session, var_tmpdir, write_config
 
 RUST_EXAMPLES = {
     "internal": ("daemon/tests/error_codes.rs", "a_run_without_an_exit_status_is_an_internal_error"),
@@ -195,7 +194,7 @@ async def sandbox_unavailable(s):
 
 # A copy of bash in an install prefix of its own, for `sandbox_unavailable`
 # (outside /tmp, which every sandbox has its own of).
-GONE = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-", dir="/var/tmp")) / "prefix"
+GONE = var_tmpdir() / "prefix"
 GONE.parent.chmod(0o755)
 if MODE == "host":
     (GONE / "bin").mkdir(parents=True)

@@ -17,8 +17,8 @@ import uuid
 import anyio
 import pytest
 
-from harness import (BIN, HostListeners, RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session,
-                     write_config, zombie_children, cpu_quota)
+from harness import (BIN, HostListeners, RawServer, call, cpu_quota, dump, limits_mechanism, processes_with, readable_tmpdir, run_async,
+                     session, var_tmpdir, write_config, zombie_children)
 
 LIMITS = write_config(
     "[defaults]\ntimeout_ms = 4000\nmemory_mb = 128\npids = 64\nworkspace_mb = 16\noutput_limit_mb = 64\n"
@@ -116,7 +116,7 @@ def test_host_secrets_are_out_of_reach():
     in the server's environment. In the sandbox those paths do not exist."""
     home = pathlib.Path(pwd.getpwuid(os.getuid()).pw_dir)
     tag = uuid.uuid4().hex[:12]
-    dirs = [home / f".nsm-test-secret-{tag}", readable_tmpdir(), pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))]
+    dirs = [home / f".nsm-test-secret-{tag}", readable_tmpdir(), var_tmpdir()]
     keys = []
     for d in dirs:
         d.mkdir(exist_ok=True)

@@ -11,14 +11,13 @@ import os
 import pathlib
 import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 
 import anyio
 import pytest
 
-from harness import RawServer, call, dump, processes_with, run_async, session, write_config
+from harness import RawServer, call, dump, processes_with, run_async, session, var_tmpdir, write_config
 
 LOAD = write_config("[defaults]\npids = 64\n[server]\nmax_concurrent_runs = 8\nmax_queued_runs = 64\n")
 
@@ -173,7 +172,7 @@ def test_the_pool_follows_demand():
     """A quiet environment keeps two sandboxes ready, not one per run slot;
     after a burst of six calls, six are kept for it. An environment that
     fails its start check keeps none."""
-    prefix = pathlib.Path(tempfile.mkdtemp(prefix="nsm-test-", dir="/var/tmp")) / "prefix"
+    prefix = var_tmpdir() / "prefix"
     (prefix / "bin").mkdir(parents=True)
     shutil.copy("/bin/false", prefix / "bin" / "python3")
     for p in (prefix.parent, prefix, prefix / "bin"):

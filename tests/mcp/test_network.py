@@ -17,7 +17,9 @@ import threading
 
 import pytest
 
-from harness import MODE, call, dump, run_async, session, write_config
+from harness import MODE, call, dump, require_test_knobs, run_async, session, write_config
+
+require_test_knobs()
 
 pytestmark = pytest.mark.skipif(MODE != "host", reason="the proxy is tested in host mode")
 

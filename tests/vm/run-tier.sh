@@ -40,7 +40,7 @@ if [ -z "${NSM_VM_ACCEL:-}" ] && { [ ! -w /dev/kvm ] || [ -d /sys/module/kvm_pvm
   export NSM_VM_ACCEL=tcg
 fi
 
-cargo build --quiet --bin nix-sandbox-mcp
+cargo build --quiet --features test-knobs --bin nix-sandbox-mcp
 # A static program for the closure check (the VM has no compiler).
 if command -v cc >/dev/null 2>&1; then
   cc -static -O2 -o target/vm-store-lister tests/vm/store-lister.c

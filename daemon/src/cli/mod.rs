@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{self, App, StartOptions};
 use crate::exec::nest::holder;
-use crate::exec::{ExecError, LimitKind, Observer, Request, Stream};
+use crate::exec::{ExecError, Observer, Request, Stream};
 use crate::jobs::Jobs;
 use crate::registry::artifact;
 use crate::server::{ProjectState, SandboxServer, Shared};
@@ -88,6 +88,13 @@ ENVIRONMENT
                        starts it (what the code sees is the same).
     NIX_SANDBOX_POOL   off: no sandbox is set up ahead of a call; each call
                        sets its own up (slower; for troubleshooting).
+                       These five take on (the default) or off; any other
+                       value, or a malformed value of any variable here,
+                       stops the server with the variable named.
+    NIX_SANDBOX_BUILTIN, NIX_SANDBOX_FLAKE
+                       Set by the Nix package's wrapper: the artifacts baked
+                       into the package, and its flake (which builds config
+                       `flake` entries and the project's devShell).
     XDG_CACHE_HOME     Where environments' caches are kept (default ~/.cache;
                        /var/cache for root): nix-sandbox-mcp/caches/.
     TMPDIR             Where the server keeps its runtime directory,
@@ -459,10 +466,13 @@ impl Out {
 /// The command clients run: the Nix package's wrapper names itself in
 /// NIX_SANDBOX_MCP_COMMAND (its variables and flags must not be skipped);
 /// otherwise this binary.
-fn own_command() -> std::io::Result<PathBuf> {
-    match std::env::var_os("NIX_SANDBOX_MCP_COMMAND").map(PathBuf::from) {
-        Some(wrapper) if wrapper.is_absolute() => Ok(wrapper),
-        _ => std::env::current_exe().and_then(std::fs::canonicalize),
+fn own_command() -> Result<PathBuf, String> {
+    let knobs = crate::config::Knobs::from_env().map_err(|e| e.to_string())?;
+    match knobs.client_command {
+        Some(wrapper) => Ok(wrapper),
+        None => std::env::current_exe()
+            .and_then(std::fs::canonicalize)
+            .map_err(|e| format!("cannot tell where this binary is: {e}")),
     }
 }
 
@@ -481,7 +491,7 @@ fn client_config(
     }
     let command = match own_command() {
         Ok(c) => c,
-        Err(e) => return fail(format!("cannot tell where this binary is: {e}")),
+        Err(e) => return fail(e),
     };
     // The client starts elsewhere: paths become absolute, and a broken
     // configuration is reported now rather than by the client.

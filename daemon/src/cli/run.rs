@@ -2,6 +2,7 @@
 //! exit status the program's own.
 
 use super::*;
+use crate::exec::ending::{Ending, Subject};
 
 /// Echoes a run's output to the terminal as it arrives. When standard
 /// output is closed (`run … | head`), the run is cancelled, as a pipeline's
@@ -153,30 +154,22 @@ pub(super) async fn run_once(
             return ExitCode::from(126);
         }
     };
-    if let Some(limit) = o.limit {
-        let what = match limit {
-            LimitKind::Timeout => format!("timed out after {} ms", env.limits.timeout.as_millis()),
-            other => format!("stopped by the {} limit", other.as_str()),
-        };
-        eprintln!("nix-sandbox-mcp: {what}");
-        return ExitCode::from(if limit == LimitKind::Timeout {
-            124
-        } else {
-            125
-        });
-    }
-    if echo
-        .stdout_closed
-        .load(std::sync::atomic::Ordering::Relaxed)
+    let ending = Ending::of(&o);
+    // A closed standard output ended the run, whatever it looked like then.
+    if !matches!(ending, Ending::Limit(_))
+        && echo
+            .stdout_closed
+            .load(std::sync::atomic::Ordering::Relaxed)
     {
         return ExitCode::from(141);
     }
-    if o.cancelled {
-        return ExitCode::from(130);
+    match ending {
+        Ending::Exited(_) | Ending::Signalled(_) => {}
+        Ending::Cancelled => eprintln!("nix-sandbox-mcp: interrupted; the sandbox was killed"),
+        _ => eprintln!(
+            "nix-sandbox-mcp: {}",
+            ending.sentence(Subject::Run, &env.limits)
+        ),
     }
-    match (o.exit_code, o.signal) {
-        (Some(c), _) => ExitCode::from(c.clamp(0, 255) as u8),
-        (None, Some(sig)) => ExitCode::from((128 + sig).clamp(0, 255) as u8),
-        (None, None) => not_run("the sandbox ended without an exit status", 126),
-    }
+    ExitCode::from(ending.exit_status())
 }

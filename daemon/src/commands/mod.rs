@@ -40,10 +40,6 @@ pub use invocation::ResolvedInvocation;
 /// offered as `cmd_NAME`.
 pub const RESERVED_TOOL_NAMES: &[&str] = &["run", "job", "confirm"];
 
-/// Shortens confirmation windows (token lifetime and the wait for an answer)
-/// so tests need not wait a minute; it can only shorten them.
-const TEST_TTL_VARIABLE: &str = "NIX_SANDBOX_TEST_CONFIRM_TTL_MS";
-
 /// A validated command.
 #[derive(Debug)]
 pub struct Command {
@@ -139,6 +135,9 @@ pub struct Setup<'a> {
     /// The operator's grants to the project file's commands, by name.
     pub grants: BTreeMap<String, crate::config::commands::CommandGrant>,
     pub project: Option<&'a ProjectMount>,
+    /// A shorter life for confirmation tokens and the wait for an answer
+    /// (a test build's `NIX_SANDBOX_TEST_CONFIRM_TTL_MS`; never longer).
+    pub confirm_ttl: Option<Duration>,
 }
 
 /// The live set of commands: the configuration's, fixed at start-up, and the
@@ -229,14 +228,8 @@ impl Commands {
             Some(p) => Some(p.host_path.join(PROJECT_FILE)),
             None => None,
         };
-        let (ttl, ask_timeout) = match std::env::var(TEST_TTL_VARIABLE)
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            Some(ms) => {
-                let d = Duration::from_millis(ms);
-                (d, d.min(confirm::ASK_TIMEOUT))
-            }
+        let (ttl, ask_timeout) = match setup.confirm_ttl {
+            Some(d) => (d.min(confirm::TOKEN_TTL), d.min(confirm::ASK_TIMEOUT)),
             None => (confirm::TOKEN_TTL, confirm::ASK_TIMEOUT),
         };
         let commands = Commands {
@@ -462,6 +455,7 @@ mod tests {
             ceilings: BTreeMap::new(),
             grants: BTreeMap::new(),
             project,
+            confirm_ttl: None,
         })
     }
 
@@ -495,6 +489,7 @@ mod tests {
             ceilings: BTreeMap::new(),
             grants: BTreeMap::new(),
             project: None,
+            confirm_ttl: None,
         })
         .unwrap_err()
         .to_string();

@@ -99,6 +99,7 @@ mod tests {
                 ceilings: Default::default(),
                 grants: Default::default(),
                 project: Some(&project),
+                confirm_ttl: None,
             })
             .unwrap(),
         );

@@ -6,6 +6,7 @@
 //! are resolved or run. Value types with their own rules are in `values.rs`.
 
 pub mod commands;
+pub mod knobs;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+pub use knobs::{Knobs, LimitsChoice, Switches};
 pub use schema::json_schema;
 pub use values::*;
 
@@ -33,6 +35,8 @@ pub struct Config {
     /// `[commands.NAME]`: declared commands, validated by `commands` once
     /// the environments are known.
     pub commands: BTreeMap<String, commands::CommandDecl>,
+    /// The `NIX_SANDBOX_*` variables (see [`knobs`]).
+    pub knobs: Knobs,
 }
 
 #[derive(Debug, Clone, Deserialize, Default, JsonSchema)]
@@ -305,6 +309,7 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
         None => Config::default(),
     };
     apply_env_overrides(&mut config, |name| std::env::var(name).ok())?;
+    config.knobs = Knobs::from_env()?;
     Ok(config)
 }
 
@@ -400,6 +405,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
         },
         environments,
         commands: raw.commands.into_iter().map(|(k, v)| (k.0, v)).collect(),
+        knobs: Knobs::default(),
     })
 }
 

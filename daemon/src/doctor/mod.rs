@@ -160,7 +160,7 @@ fn check_bubblewrap(s: &mut State) -> Vec<Finding> {
     let Some(config) = &s.config else {
         return Vec::new();
     };
-    let p = match Platform::probe() {
+    let p = match Platform::probe(config.knobs.bwrap.as_deref()) {
         Ok(p) => p,
         Err(e) => return vec![Finding::fail("bubblewrap", e.to_string(), e.fix())],
     };
@@ -184,14 +184,14 @@ fn check_bubblewrap(s: &mut State) -> Vec<Finding> {
             }
         ),
     )];
-    if !p.layout.disable_userns {
+    if !p.layout.features.disable_userns {
         found.push(Finding::warn(
             "bubblewrap",
             "this version cannot forbid nested user namespaces (--disable-userns needs 0.8)",
             "upgrade bubblewrap to 0.8 or later",
         ));
     }
-    if !p.layout.add_seccomp_fd {
+    if !p.layout.features.add_seccomp_fd {
         found.push(Finding::warn(
             "bubblewrap",
             "this version loads one seccomp program; clone3 is not filtered",
@@ -276,8 +276,8 @@ fn check_store_view(s: &State) -> Vec<Finding> {
 
 /// What would let the daemon create the nest, from why it could not.
 fn nest_fix(why: &str) -> String {
-    if why.contains(crate::exec::NO_NEST_VAR) {
-        return format!("unset {}", crate::exec::NO_NEST_VAR);
+    if why == crate::config::Switches::off(crate::config::knobs::NEST_VAR) {
+        return format!("unset {}", crate::config::knobs::NEST_VAR);
     }
     match crate::userns::Host::default().obstacles_after_failure().first() {
         Some(o) => format!("{}: {}", o.why(), o.fix()),
@@ -360,7 +360,7 @@ async fn check_environments(s: &mut State) -> Vec<Finding> {
         return Vec::new();
     };
     let project_dir = s.project.as_ref().map(|p| p.host_path.as_path());
-    let gathered = registry::gather(config, project_dir, &registry::sources()).await;
+    let gathered = registry::gather(config, project_dir, &registry::sources(&config.knobs)).await;
     let reg = registry::load(config, gathered, Some(&app::ExecProber(executor.clone()))).await;
     let mut found = Vec::new();
     for (name, about) in &reg.sources {

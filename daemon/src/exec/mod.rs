@@ -4,32 +4,38 @@
 //!
 //! The stages a sandbox passes through, in order:
 //!
-//! 1. **Recipe** (`recipe.rs`): everything a sandbox is fixed to before a call
-//!    arrives: bubblewrap's options, the command, seccomp, rlimits, cgroup
-//!    limits. Equal recipes make interchangeable sandboxes.
-//! 2. **Spawned** (`spawn.rs`): bubblewrap started (`launch.rs`), blocked reading
-//!    its options from a pipe, not yet in its cgroup.
-//! 3. **Prepared** (`sandbox.rs`): in its cgroup, namespaces and mounts built,
-//!    the sandbox's init known by pidfd, waiting on `--block-fd` to start the
-//!    command. The pool (`prestart.rs`) keeps these ready per recipe; for
-//!    bash, python and node it lets the command start at once, and the
-//!    interpreter waits in a hook of its own start-up for the call's code
-//!    (`warm.rs`).
+//! 1. **Recipe** (`recipe.rs`): the jail's plan (`jail::Plan`) with the
+//!    seccomp filter and cgroup limits, fixed before a call arrives. Equal
+//!    plans make interchangeable sandboxes; the plan is the pool's key.
+//! 2. **Spawned** (`spawn/`): the pipes the plan names opened (`wiring.rs`),
+//!    bubblewrap started (`launch.rs`) blocked reading its options from a
+//!    pipe, the mounts staged from outside attached, the nest's report
+//!    adopted, the sandbox put in its cgroup.
+//! 3. **Prepared** (`sandbox.rs`): namespaces and mounts built, the sandbox's
+//!    init known by pidfd, waiting on `--block-fd` to start the command. The
+//!    pool (`prestart.rs`) keeps these ready per recipe; for bash, python and
+//!    node it lets the command start at once, and the interpreter waits in a
+//!    hook of its own start-up for the call's code (`warm.rs`).
 //! 4. **Sandbox** (`sandbox.rs`): the call's code is in its file (or, for a
 //!    session, the agent runs) and the command has started.
 //! 5. **Supervised** (`supervise.rs`): the one loop that watches a sandbox
 //!    through a call: deadline, cancellation, capped capture of every
 //!    channel, killing the whole tree.
 //! 6. **Outcome** (`outcome.rs`): exit status, output, duration, and which
-//!    limit ended the run.
+//!    limit ended the run; `ending.rs` names how it ended, in the one set of
+//!    sentences and exit statuses every caller uses.
 //!
 //! Before stage 3 a call passes **admission** (`admission.rs`): a bounded
 //! number run at once and a bounded number wait. Every process is held by
-//! pidfd and reaped in `process.rs`.
+//! pidfd and reaped in `process.rs`. Underneath bubblewrap, the **nest**
+//! (`nest/`) is the process that owns a sandbox's namespaces: it stages the
+//! project's overlay and the store views, keeps pooled network namespaces,
+//! and takes every sandbox process with it when the server dies.
 
 mod admission;
 pub mod capture;
 mod child;
+pub mod ending;
 mod launch;
 pub mod nest;
 mod outcome;
@@ -45,6 +51,7 @@ mod spawn;
 mod status;
 pub mod supervise;
 mod warm;
+mod wiring;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -62,6 +69,7 @@ pub use request::{AGENT_DIR, AgentRequest, Argv, Bounds, Request, code_problem};
 pub use sandbox::Sandbox;
 pub use supervise::{End, Protocol, RunOnce, Supervised, Watch, supervise};
 
+use crate::config::{Switches, knobs};
 use crate::environment::{Environment, RootFs};
 use crate::jail::ProjectMount;
 use crate::limits::{Enforcer, Usage};
@@ -155,8 +163,8 @@ struct Inner {
     /// empty directory), when there is a nest; without it, or once it
     /// failed, bubblewrap mounts each mask.
     masks: Option<Arc<nest::view::View>>,
-    /// Whether interpreters are started ahead of calls (see `warm`).
-    warm_start: bool,
+    /// What is turned off (see `config::knobs`).
+    switches: Switches,
 }
 
 impl Executor {
@@ -168,9 +176,10 @@ impl Executor {
         enforcer: Enforcer,
         bounds: Bounds,
         proxy: Proxy,
+        switches: Switches,
     ) -> Executor {
-        let nest = if std::env::var_os(NO_NEST_VAR).is_some_and(|v| v == "off") {
-            Err(format!("{NO_NEST_VAR}=off"))
+        let nest = if !switches.nest {
+            Err(Switches::off(knobs::NEST_VAR))
         } else {
             nest::Nest::start(&platform.stage_dir).and_then(|n| {
                 n.probe(platform.run_as, &nest::StageSpec::scratch())
@@ -181,7 +190,7 @@ impl Executor {
             tracing::warn!("sandboxes start without the nest: {e}");
         }
         let host_root = match &nest {
-            Ok(n) => host_root(n, &platform),
+            Ok(n) => host_root(n, &platform, switches),
             Err(_) => Err("no nest".to_string()),
         };
         if let (Ok(_), Err(e)) = (&nest, &host_root) {
@@ -205,7 +214,7 @@ impl Executor {
                 caches: std::sync::RwLock::new(None),
                 views: Mutex::default(),
                 masks,
-                warm_start: std::env::var_os(NO_WARM_VAR).is_none_or(|v| v != "off"),
+                switches,
             }),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -284,7 +293,7 @@ impl Executor {
     }
 
     fn recipe(&self, mut ingredients: Ingredients) -> Result<Recipe, ExecError> {
-        ingredients.prestart &= self.inner.warm_start;
+        ingredients.prestart &= self.inner.switches.warm_start;
         let stage_root = self
             .inner
             .nest
@@ -295,9 +304,7 @@ impl Executor {
             Some(c) => c.mounts(ingredients.env),
             None => Vec::new(),
         };
-        let view = self
-            .view_for(ingredients.env)
-            .map(|v| (v, self.inner.platform.view_dir.as_path()));
+        let view = self.view_for(ingredients.env);
         let masks = self
             .inner
             .masks
@@ -322,7 +329,7 @@ impl Executor {
             return None;
         };
         let nest = self.inner.nest.as_ref().ok()?;
-        if std::env::var_os(NO_VIEW_VAR).is_some_and(|v| v == "off") {
+        if !self.inner.switches.store_view {
             return None;
         }
         crate::jail::store_dir(store_paths)?;
@@ -485,7 +492,7 @@ impl Executor {
             self.refill_after(&recipe, REPLY_GRACE);
         }
         let set_up_failed = matches!(watched.end, End::Exited(_))
-            && self.inner.platform.layout.json_status_fd
+            && self.inner.platform.layout.features.json_status_fd
             && !sandbox.program_ran();
         // bubblewrap may still be tearing the sandbox's namespaces down
         // after reporting the exit: not the call's to wait for.
@@ -691,26 +698,15 @@ impl Inner {
     }
 }
 
-/// Set to `off`, sandboxes start without the nest (for troubleshooting, and
-/// to test the fallback).
-pub const NO_NEST_VAR: &str = "NIX_SANDBOX_NEST";
-/// Set to `off`, a closure is bound path by path, not through a store view
-/// (for troubleshooting, and to compare the two).
-pub const NO_VIEW_VAR: &str = "NIX_SANDBOX_STORE_VIEW";
-
-/// Set to `off`, interpreters are never started ahead of their call (for
-/// troubleshooting, and to compare the two).
-pub const NO_WARM_VAR: &str = "NIX_SANDBOX_WARM_START";
-/// Set to `off`, a staged sandbox's bubblewrap sees all of the host's
-/// mounts instead of a root of its own (for troubleshooting, and to
-/// compare the two).
-pub const NO_OWN_ROOT_VAR: &str = "NIX_SANDBOX_OWN_ROOT";
-
 /// What bubblewrap needs of the host's root, once a sandbox rooted that
 /// way has run it; else why sandboxes see the host's whole root.
-fn host_root(nest: &nest::Nest, platform: &Platform) -> Result<nest::root::HostRoot, String> {
-    if std::env::var_os(NO_OWN_ROOT_VAR).is_some_and(|v| v == "off") {
-        return Err(format!("{NO_OWN_ROOT_VAR}=off"));
+fn host_root(
+    nest: &nest::Nest,
+    platform: &Platform,
+    switches: Switches,
+) -> Result<nest::root::HostRoot, String> {
+    if !switches.own_root {
+        return Err(Switches::off(knobs::OWN_ROOT_VAR));
     }
     let root = nest::root::HostRoot::for_bubblewrap(&platform.bwrap).ok_or_else(|| {
         format!(

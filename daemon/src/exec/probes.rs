@@ -3,7 +3,8 @@
 //! sandboxes start in the nest, and probes of store views and the project
 //! overlay.
 
-use super::{Executor, NO_VIEW_VAR, nest};
+use super::{Executor, nest};
+use crate::config::{Switches, knobs};
 
 impl Executor {
     /// Protections this host cannot give, a few words each, for the tool
@@ -11,7 +12,7 @@ impl Executor {
     pub fn missing_protections(&self) -> Vec<&'static str> {
         let layout = &self.inner.platform.layout;
         let mut missing = Vec::new();
-        if !layout.disable_userns || !layout.add_seccomp_fd {
+        if !layout.features.disable_userns || !layout.features.add_seccomp_fd {
             missing.push("nested user namespaces not fully blocked (old bubblewrap)");
         }
         if self.inner.enforcer.mechanism() == crate::limits::Mechanism::Rlimits {
@@ -38,8 +39,8 @@ impl Executor {
             .nest
             .as_ref()
             .map_err(|e| format!("no nest ({e})"))?;
-        if std::env::var_os(NO_VIEW_VAR).is_some_and(|v| v == "off") {
-            return Err(format!("{NO_VIEW_VAR}=off"));
+        if !self.inner.switches.store_view {
+            return Err(Switches::off(knobs::STORE_VIEW_VAR));
         }
         let platform = &self.inner.platform;
         nest.make_view(
@@ -58,7 +59,7 @@ impl Executor {
             .as_ref()
             .map_err(|e| format!("no nest ({e})"))?;
         let spec = nest::StageSpec {
-            project: Some(nest::ProjectSpec {
+            project: Some(crate::jail::StagedProject {
                 host_path: project.to_path_buf(),
                 writable: true,
             }),

@@ -1,66 +1,75 @@
-//! Recipes: everything a sandbox is fixed to before any call arrives
-//! (bubblewrap's options, the command, the seccomp filter, the rlimits and
-//! the cgroup limits), and the key under which prepared sandboxes wait.
-//! Options are built with placeholder descriptors and paths, so equal calls
-//! have equal keys.
+//! Recipes: everything a sandbox is fixed to before any call arrives: its
+//! [`Plan`] (see `jail`), the compiled seccomp filter, the rlimits, what the
+//! nest stages and the views it mounts from. The pool keeps prepared
+//! sandboxes under their plan ([`RecipeKey`]): equal plans, interchangeable
+//! sandboxes.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
+use std::hash::{Hash, Hasher};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use super::ExecError;
+use super::nest::StageSpec;
 use super::nest::root::HostRoot;
 use super::nest::view::View;
-use super::nest::{ProjectSpec, StageSpec};
 use super::warm::Warm;
 use crate::environment::Environment;
-use crate::jail::{self, CacheMount, Call, HostLayout, ProjectAccess, ProjectMount};
+use crate::jail::{self, CacheMount, HostLayout, Plan, ProcMasks, ProjectAccess, ProjectMount};
 use crate::limits::{Enforcer, Rlimit};
 use crate::seccomp::{self, Program};
 use crate::sync::Recover;
 
-/// What distinguishes one kind of prepared sandbox from another.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// The pool's key: a recipe's plan, hashed once. Two keys are equal
+/// exactly when their plans are.
+#[derive(Debug, Clone)]
 pub(super) struct RecipeKey {
-    options: Vec<u8>,
-    pub(super) command: Vec<String>,
-    seccomp_allow: Vec<String>,
-    rlimits: Vec<(u32, u64)>,
-    init_rlimits: Vec<(u32, u64)>,
-    memory_bytes: u64,
-    pids: u64,
-    stage: Option<StageSpec>,
-    /// The closure, which a store view hides from the options.
-    closure: Vec<std::path::PathBuf>,
+    hash: u64,
+    plan: Arc<Plan>,
+}
+
+impl RecipeKey {
+    fn of(plan: Arc<Plan>) -> RecipeKey {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        plan.hash(&mut hasher);
+        RecipeKey {
+            hash: hasher.finish(),
+            plan,
+        }
+    }
+}
+
+impl PartialEq for RecipeKey {
+    fn eq(&self, other: &RecipeKey) -> bool {
+        self.hash == other.hash && (Arc::ptr_eq(&self.plan, &other.plan) || self.plan == other.plan)
+    }
+}
+
+impl Eq for RecipeKey {}
+
+impl Hash for RecipeKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
 }
 
 /// Everything needed to prepare a sandbox for one kind of call.
 #[derive(Debug)]
 pub(super) struct Recipe {
     pub(super) key: RecipeKey,
+    pub(super) plan: Arc<Plan>,
     pub(super) env: Environment,
-    pub(super) project: Option<ProjectMount>,
-    pub(super) inherited: Vec<(String, String)>,
     pub(super) rlimits: Vec<Rlimit>,
     /// Set on the sandbox's init once its user namespace exists.
     pub(super) init_rlimits: Vec<Rlimit>,
     pub(super) program: Arc<Program>,
-    /// Where the code file appears in the sandbox; none for a command run
-    /// as is, which reads no code file.
-    pub(super) code_path: Option<String>,
-    /// Where the command starts, when not in the workspace.
-    pub(super) workdir: Option<String>,
     /// What the sandbox may reach through the proxy, when it has network.
     pub(super) network: Option<Arc<crate::network::Policy>>,
     /// What the nest stages for it, when the nest stages sandboxes.
     pub(super) stage: Option<StageSpec>,
-    /// A read-write project's protected paths that exist (see `jail`).
-    pub(super) protected: Vec<String>,
-    /// The environment's caches in this project.
-    pub(super) caches: Vec<CacheMount>,
     /// The closure's store view, when the sandbox starts from one.
     pub(super) view: Option<Arc<View>>,
     /// The view the /proc masks are mounted from, when they are.
@@ -90,9 +99,9 @@ impl SeccompCache {
 }
 
 /// What a sandbox mounts from views (see `nest::view`).
-pub(super) struct FromViews<'a> {
-    /// The closure's store view, and where it is mounted.
-    pub(super) store: Option<(Arc<View>, &'a Path)>,
+pub(super) struct FromViews {
+    /// The closure's store view.
+    pub(super) store: Option<Arc<View>>,
     /// The view the /proc masks come from.
     pub(super) masks: Option<Arc<View>>,
 }
@@ -155,90 +164,70 @@ impl Recipe {
         let program = seccomp
             .get(&i.env.seccomp_allow)
             .map_err(|e| ExecError::Spawn(e.to_string()))?;
-        let rlimits = enforcer.rlimits(&i.env.limits);
-        let init_rlimits = enforcer.init_rlimits(&i.env.limits);
-        let pairs = |rs: &[Rlimit]| rs.iter().map(|r| (r.resource as u32, r.value)).collect();
         let protected = existing_protected(i.project);
-        // A command run as is reads no code file, so none is mounted.
-        let (mut command, code_path) = match i.command {
+        // A command run as is reads no code file.
+        let (mut command, code_at) = match i.command {
             Some(command) => (command, None),
             None => (i.env.command_for(&i.code_path), Some(i.code_path)),
         };
-        let warm = (i.prestart && code_path.is_some() && i.extra_args.is_empty())
+        let warm = (i.prestart && code_at.is_some() && i.extra_args.is_empty())
             .then(|| Warm::plan(i.env, i.inherited, &command, stage_root.is_some()))
             .flatten();
-        let hook_vars = warm.as_ref().map(|w| w.vars(0)).unwrap_or_default();
-        // A staged sandbox without network gets its network namespace from
-        // the stage (see `nest::network`).
-        let network_given = stage_root.is_some() && i.env.network.policy().is_none();
-        let placeholder = Call {
-            env: i.env,
-            project: i.project,
-            code_file: code_path.as_deref().map(|at| (Path::new("/code"), at)),
-            block_fd: Some(0),
-            seccomp_fds: vec![0],
-            status_fd: Some(0),
-            inherited: i.inherited,
-            workdir: i.workdir.as_deref(),
-            staged: stage_root,
-            store_view: view.as_ref().map(|_| 0),
-            proc_masks_sync: masks.as_ref().map(|_| 0),
-            mounts_from_outside: stage_root.is_some() && masks.is_some(),
-            protected: &protected,
-            caches: &caches,
-            hook_vars: &hook_vars,
-            network_given,
-        };
-        let (options, mut sources) = jail::bwrap_options_and_sources(layout, &placeholder);
-        let project = i
-            .project
-            .filter(|p| p.overlay && p.access != ProjectAccess::ReadWrite)
-            .map(|p| ProjectSpec {
-                host_path: p.host_path.clone(),
-                writable: p.access == ProjectAccess::Overlay,
-            });
-        // The stage binds the project (its overlay's lower layer) where the
-        // sandbox's own root may already be its root (see `nest::stage`).
-        sources.extend(project.as_ref().map(|p| p.host_path.clone()));
-        let stage = staging.map(|(root, host_root)| StageSpec {
-            host_root: host_root
-                .map(|h| h.entries(&sources, root))
-                .unwrap_or_default(),
-            size_bytes: i.env.limits.workspace_bytes,
-            files: i.env.limits.workspace_files,
-            network: network_given,
-            project,
-        });
+        let hook_vars = warm.as_ref().map(Warm::vars).unwrap_or_default();
         command.extend(i.extra_args);
-        Ok(Recipe {
-            key: RecipeKey {
-                options: nul_separated(options),
-                command,
-                seccomp_allow: i.env.seccomp_allow.clone(),
-                rlimits: pairs(&rlimits),
-                init_rlimits: pairs(&init_rlimits),
-                memory_bytes: i.env.limits.memory_bytes,
-                pids: i.env.limits.pids,
-                stage: stage.clone(),
-                closure: match &i.env.root {
-                    crate::environment::RootFs::Closure { store_paths, .. } => store_paths.clone(),
-                    crate::environment::RootFs::Host { .. } => Vec::new(),
+        let plan = Arc::new(jail::plan(
+            layout,
+            &jail::Sandbox {
+                env: i.env,
+                project: i.project,
+                code_at: code_at.as_deref(),
+                inherited: i.inherited,
+                workdir: i.workdir.as_deref(),
+                staged: stage_root,
+                store_view: view.is_some(),
+                proc_masks: match (&masks, stage_root) {
+                    (Some(_), Some(_)) => ProcMasks::FromOutside,
+                    _ => ProcMasks::Bubblewrap,
                 },
+                // A staged sandbox without network gets its network
+                // namespace from the stage (see `nest::network`).
+                network_given: stage_root.is_some(),
+                protected: &protected,
+                caches: &caches,
+                hook_vars: &hook_vars,
+                command: &command,
             },
+        ));
+        let stage = match (staging, &plan.stage) {
+            (Some((_, host_root)), Some(stage)) => {
+                let mut sources = jail::sources(&plan);
+                // The stage binds the project (its overlay's lower layer)
+                // where the sandbox's own root may already be its root
+                // (see `nest::stage`).
+                sources.extend(stage.project.as_ref().map(|p| p.host_path.clone()));
+                Some(StageSpec {
+                    host_root: host_root
+                        .map(|h| h.entries(&sources, &stage.root))
+                        .unwrap_or_default(),
+                    size_bytes: stage.size_bytes,
+                    files: stage.files,
+                    network: plan.network == jail::NetworkNamespace::Given,
+                    project: stage.project.clone(),
+                })
+            }
+            _ => None,
+        };
+        Ok(Recipe {
+            key: RecipeKey::of(plan.clone()),
+            plan,
             env: i.env.clone(),
-            project: i.project.cloned(),
-            inherited: i.inherited.to_vec(),
-            rlimits,
-            init_rlimits,
+            rlimits: enforcer.rlimits(&i.env.limits),
+            init_rlimits: enforcer.init_rlimits(&i.env.limits),
             program,
-            code_path,
-            workdir: i.workdir,
             network: i.env.network.policy().cloned().map(Arc::new),
             stage,
-            protected,
-            caches,
-            view: view.map(|(v, _)| v),
-            masks,
+            view,
+            masks: masks.filter(|_| stage_root.is_some()),
             warm,
             warm_failed: AtomicBool::new(false),
         })
@@ -305,7 +294,7 @@ mod tests {
             links: Vec::new(),
         };
         let views = FromViews {
-            store: view.then(|| (any_view(), Path::new("/run/nsm/store-view"))),
+            store: view.then(any_view),
             masks: masks.then(any_view),
         };
         Recipe::new(
@@ -340,6 +329,112 @@ mod tests {
             assert_ne!(key(&a, view, true), key(&b, view, true), "view: {view}");
         }
         assert_ne!(key(&a, true, true), key(&a, false, true));
+    }
+
+    #[test]
+    fn a_change_to_any_part_of_the_plan_is_another_key() {
+        let base = (*key(&["/nix/store/aaa-bash"], true, true).plan).clone();
+        let key_of = |plan: &Plan| RecipeKey::of(Arc::new(plan.clone()));
+        assert_eq!(key_of(&base), key_of(&base));
+        // Destructured without `..`: a field added to the plan must be
+        // added here, with a change that must make another key.
+        let Plan {
+            network,
+            uid,
+            gid,
+            hostname,
+            refuse_nested_userns,
+            vars,
+            ops,
+            workdir,
+            outside,
+            stage,
+            code,
+            seccomp_allow,
+            limits,
+            command,
+        } = base.clone();
+        let push = |mut v: Vec<String>| {
+            v.push("x".into());
+            v
+        };
+        let changed = [
+            Plan {
+                network: match network {
+                    jail::NetworkNamespace::Own => jail::NetworkNamespace::Given,
+                    jail::NetworkNamespace::Given => jail::NetworkNamespace::Own,
+                },
+                ..base.clone()
+            },
+            Plan {
+                uid: uid + 1,
+                ..base.clone()
+            },
+            Plan {
+                gid: gid + 1,
+                ..base.clone()
+            },
+            Plan {
+                hostname: hostname + "x",
+                ..base.clone()
+            },
+            Plan {
+                refuse_nested_userns: !refuse_nested_userns,
+                ..base.clone()
+            },
+            Plan {
+                vars: [vars, vec![("X".into(), jail::Value::GoPipe)]].concat(),
+                ..base.clone()
+            },
+            Plan {
+                ops: ops[1..].to_vec(),
+                ..base.clone()
+            },
+            Plan {
+                workdir: workdir + "/sub",
+                ..base.clone()
+            },
+            Plan {
+                outside: jail::OutsideMounts {
+                    read_only_root: !outside.read_only_root,
+                    ..outside
+                },
+                ..base.clone()
+            },
+            Plan {
+                stage: stage.map(|s| jail::Stage {
+                    files: s.files + 1,
+                    ..s
+                }),
+                ..base.clone()
+            },
+            Plan {
+                code: match code {
+                    jail::Code::None => jail::Code::Bound { at: "/x".into() },
+                    _ => jail::Code::None,
+                },
+                ..base.clone()
+            },
+            Plan {
+                seccomp_allow: push(seccomp_allow),
+                ..base.clone()
+            },
+            Plan {
+                limits: crate::environment::Limits {
+                    pids: limits.pids + 1,
+                    ..limits
+                },
+                ..base.clone()
+            },
+            Plan {
+                command: push(command),
+                ..base.clone()
+            },
+        ];
+        for plan in &changed {
+            assert_ne!(plan, &base);
+            assert_ne!(key_of(plan), key_of(&base), "{plan:?}");
+        }
     }
 
     #[test]

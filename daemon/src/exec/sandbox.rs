@@ -14,8 +14,8 @@ use tokio::net::unix::pipe;
 use super::admission::Reservation;
 use super::nest::network;
 use super::process::{Exit, Process, Watched};
-use super::spawn::HeldNamespaces;
 use super::status::Status;
+use super::wiring::{CodeFile, Go, HeldNamespaces};
 use crate::limits::{Fired, Lease, Usage};
 use crate::network::{NetworkReport, Policy, Proxy, RunRecord, Serving};
 
@@ -57,26 +57,6 @@ pub(super) struct Prepared {
     /// The command has started (a pre-started interpreter, waiting in its
     /// hook); otherwise it starts with the call.
     pub(super) released: bool,
-}
-
-/// Where a sandbox's code goes.
-#[derive(Debug)]
-pub(super) enum CodeFile {
-    /// A file of the host's, mounted as the code file (kept until the
-    /// sandbox ends).
-    Host(tempfile::NamedTempFile),
-    /// A file made in the staged /workspace when the call comes: its path
-    /// relative to the staged tmpfs, and who owns it when not the daemon's
-    /// uid (as the scratch directories). Nothing on the host's disk,
-    /// nothing mounted.
-    Staged(std::ffi::CString, Option<(u32, u32)>),
-}
-
-/// What lets a pre-started interpreter go on to the code file (see `warm`).
-#[derive(Debug)]
-pub(super) struct Go {
-    pub(super) pipe: OwnedFd,
-    pub(super) message: Vec<u8>,
 }
 
 impl Prepared {

@@ -39,7 +39,7 @@ use std::os::fd::{AsFd, OwnedFd, RawFd};
 use rustix::fs::{Mode, OFlags};
 
 use crate::environment::{Environment, InterpreterKind};
-use crate::jail::{self, staged};
+use crate::jail::{self, Value, staged};
 
 /// Where the python and node hooks live while the interpreter starts.
 const HOOK_DIR: &str = ".nsm-prestart";
@@ -109,20 +109,20 @@ impl Warm {
         })
     }
 
-    /// The variable naming the hook, set after every other (`go` is the
-    /// descriptor number the interpreter inherits).
-    pub(super) fn vars(&self, go: RawFd) -> Vec<(String, String)> {
+    /// The variable naming the hook, set after every other (bash's names
+    /// the pipe it waits on, as the interpreter inherits it).
+    pub(super) fn vars(&self) -> Vec<(String, Value)> {
         let dir = hook_dir();
         let value = match self.kind {
-            InterpreterKind::Bash => format!("/dev/fd/{go}"),
-            InterpreterKind::Python => match &self.original {
+            InterpreterKind::Bash => Value::GoPipe,
+            InterpreterKind::Python => Value::Text(match &self.original {
                 Some(o) => format!("{dir}:{o}"),
                 None => dir,
-            },
-            InterpreterKind::Node => match &self.original {
+            }),
+            InterpreterKind::Node => Value::Text(match &self.original {
                 Some(o) => format!("--require {dir}/hook.js {o}"),
                 None => format!("--require {dir}/hook.js"),
-            },
+            }),
         };
         vec![(variable(self.kind).to_string(), value)]
     }
@@ -330,10 +330,10 @@ mod tests {
         let cmd = argv(&["/bin/python3", "/w/.main.py"]);
         let w = Warm::plan(&python, &[], &cmd, true).unwrap();
         assert_eq!(
-            w.vars(9),
+            w.vars(),
             vec![(
                 "PYTHONPATH".to_string(),
-                "/tmp/.nsm-prestart:/lib/a".to_string()
+                Value::Text("/tmp/.nsm-prestart:/lib/a".to_string())
             )]
         );
         // An inherited value is set after the environment's, so it wins.
@@ -348,8 +348,8 @@ mod tests {
             .insert("NODE_OPTIONS".into(), "--max-old-space-size=64".into());
         let w = Warm::plan(&node, &[], &argv(&["/bin/node", "/w/.main.js"]), true).unwrap();
         assert_eq!(
-            w.vars(7)[0].1,
-            "--require /tmp/.nsm-prestart/hook.js --max-old-space-size=64"
+            w.vars()[0].1,
+            Value::Text("--require /tmp/.nsm-prestart/hook.js --max-old-space-size=64".to_string())
         );
         let mut bash = env(InterpreterKind::Bash);
         bash.vars.insert("BASH_ENV".into(), "/etc/profile".into());
@@ -360,10 +360,8 @@ mod tests {
     fn bash_is_let_go_with_its_own_dollar_underscore() {
         let bash = env(InterpreterKind::Bash);
         let w = Warm::plan(&bash, &[], &argv(&["/opt/it's/bash", "/w/.main.sh"]), false).unwrap();
-        assert_eq!(
-            w.vars(12)[0],
-            ("BASH_ENV".to_string(), "/dev/fd/12".to_string())
-        );
+        // The pipe, as bash inherits it (see `jail::Wiring::go`).
+        assert_eq!(w.vars()[0], ("BASH_ENV".to_string(), Value::GoPipe));
         assert_eq!(
             String::from_utf8(w.go(12)).unwrap(),
             "exec 12<&-; unset BASH_ENV; : '/opt/it'\\''s/bash'\n"

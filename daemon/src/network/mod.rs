@@ -30,7 +30,7 @@ pub use entry::listen_in;
 pub use policy::{Bounds, Denial, Host, NetworkSetting, Policy, Rule};
 pub use proxy::{Proxy, Serving};
 pub use record::{DeniedHost, HostTraffic, NetworkLimit, NetworkReport, RunRecord};
-pub use resolve::{Resolver, TEST_RESOLVE_VAR};
+pub use resolve::{Resolver, parse_fixed};
 
 /// The port the proxy listens on inside every proxied sandbox. Each sandbox
 /// has its own network namespace, so one fixed port serves them all; 3128 is

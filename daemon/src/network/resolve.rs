@@ -3,24 +3,18 @@
 //! a fixed map of names to addresses that takes precedence over it.
 //!
 //! The map is how tests without internet point real names at servers on
-//! this machine. It comes from `NIX_SANDBOX_TEST_RESOLVE`
-//! (`name=address,name=address,…`; repeat a name for several addresses)
-//! and is honoured by release builds too, because the tests that drive the
-//! real binary need it. That is safe: the map has exactly the power of a
-//! line in the host's `/etc/hosts`, which the system resolver honours
-//! anyway and which whoever sets the daemon's environment controls as
-//! well; and every address, mapped or resolved, still goes through the
+//! this machine: `NIX_SANDBOX_TEST_RESOLVE` (`name=address,name=address,…`;
+//! repeat a name for several addresses), honoured only by builds with the
+//! `test-knobs` feature (see `config::knobs`), never by a release. Even
+//! there every address, mapped or resolved, still goes through the
 //! address filter, so a map entry can never reach loopback or the LAN
-//! unless the allowlist names the range. The daemon warns on stderr when
-//! the variable is set.
+//! unless the allowlist names the range; the daemon warns on stderr when
+//! the map is in use.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
-
-/// The variable holding the test resolution map.
-pub const TEST_RESOLVE_VAR: &str = "NIX_SANDBOX_TEST_RESOLVE";
 
 /// Resolves names for the proxy. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -46,22 +40,6 @@ impl Resolver {
         }
         Resolver {
             fixed: Arc::new(map),
-        }
-    }
-
-    /// The resolver the daemon should use: the system's, with the map from
-    /// [`TEST_RESOLVE_VAR`] when that is set.
-    pub fn from_env() -> Result<Resolver, String> {
-        match std::env::var(TEST_RESOLVE_VAR) {
-            Ok(spec) if !spec.is_empty() => {
-                let fixed = parse_fixed(&spec).map_err(|e| format!("{TEST_RESOLVE_VAR}: {e}"))?;
-                tracing::warn!(
-                    "{TEST_RESOLVE_VAR} is set: the proxy resolves {} name(s) from it, not from DNS",
-                    fixed.len()
-                );
-                Ok(Resolver::with_fixed(fixed))
-            }
-            _ => Ok(Resolver::system()),
         }
     }
 

@@ -17,8 +17,7 @@ use std::process::Command;
 
 use super::PlatformError;
 
-/// The variable that names a bubblewrap to use.
-pub const BWRAP_VAR: &str = "NIX_SANDBOX_BWRAP";
+pub use crate::config::knobs::BWRAP_VAR;
 
 /// Options the jail uses that old releases lack, and the release each came in.
 const FEATURES: &[(&str, &str)] = &[
@@ -55,11 +54,10 @@ fn missing(help: &str) -> Vec<String> {
         .collect()
 }
 
-/// Finds the bubblewrap to use.
-pub fn choose() -> Result<Chosen, PlatformError> {
-    let env = std::env::var_os(BWRAP_VAR).filter(|v| !v.is_empty());
-    if let Some(named) = env {
-        let path = PathBuf::from(named);
+/// Finds the bubblewrap to use: `named` (by [`BWRAP_VAR`]) when given.
+pub fn choose(named: Option<&Path>) -> Result<Chosen, PlatformError> {
+    if let Some(named) = named {
+        let path = named.to_path_buf();
         return try_run(&path)
             .map(|(version, help)| Chosen {
                 path: path.clone(),

@@ -78,8 +78,10 @@ impl PlatformError {
 }
 
 impl Platform {
-    pub fn probe() -> Result<Platform, PlatformError> {
-        let chosen = bwrap::choose()?;
+    /// Probes the host, with the bubblewrap `bwrap` when one is named
+    /// (`NIX_SANDBOX_BWRAP`), else the first fit (see [`bwrap::choose`]).
+    pub fn probe(bwrap: Option<&Path>) -> Result<Platform, PlatformError> {
+        let chosen = bwrap::choose(bwrap)?;
         let (bwrap, bwrap_version, help) = (
             chosen.path.clone(),
             chosen.version.clone(),
@@ -93,9 +95,9 @@ impl Platform {
             .map_err(PlatformError::RuntimeDir)?;
         let owner = lock_owner(runtime_dir.path());
         let mut layout = probe_layout();
-        layout.disable_userns = help.contains("--disable-userns");
-        layout.add_seccomp_fd = help.contains("--add-seccomp-fd");
-        layout.json_status_fd = help.contains("--json-status-fd");
+        layout.features.disable_userns = help.contains("--disable-userns");
+        layout.features.add_seccomp_fd = help.contains("--add-seccomp-fd");
+        layout.features.json_status_fd = help.contains("--json-status-fd");
         layout.etc_dir =
             prepare_etc(runtime_dir.path(), &layout).map_err(PlatformError::RuntimeDir)?;
         layout.empty_file = runtime_dir.path().join("empty");

@@ -12,15 +12,13 @@ pub(super) struct ArtifactDirs {
 }
 
 impl ArtifactDirs {
-    pub(super) fn from_env() -> ArtifactDirs {
-        let set = super::split_var("NIX_SANDBOX_DIR", ':');
-        let dirs = if set.is_empty() {
-            crate::config::default_config_path()
+    pub(super) fn new(knobs: &crate::config::Knobs) -> ArtifactDirs {
+        let dirs = match &knobs.artifact_dirs {
+            Some(set) => set.clone(),
+            None => crate::config::default_config_path()
                 .and_then(|p| p.parent().map(|d| d.join("sandboxes")))
                 .into_iter()
-                .collect()
-        } else {
-            set.into_iter().map(PathBuf::from).collect()
+                .collect(),
         };
         ArtifactDirs { dirs }
     }
@@ -28,7 +26,7 @@ impl ArtifactDirs {
 
 impl Source for ArtifactDirs {
     fn name(&self) -> &'static str {
-        "NIX_SANDBOX_DIR"
+        crate::config::knobs::DIR_VAR
     }
 
     fn describe(&self, _: &Context) -> String {

@@ -15,12 +15,9 @@ pub(super) struct Builtin {
 }
 
 impl Builtin {
-    pub(super) fn from_env() -> Builtin {
+    pub(super) fn new(knobs: &crate::config::Knobs) -> Builtin {
         Builtin {
-            dirs: super::split_var("NIX_SANDBOX_BUILTIN", ':')
-                .into_iter()
-                .map(PathBuf::from)
-                .collect(),
+            dirs: knobs.builtin_dirs.clone(),
         }
     }
 }

@@ -13,11 +13,9 @@ pub(super) struct ConfigFlakes {
 }
 
 impl ConfigFlakes {
-    pub(super) fn from_env() -> ConfigFlakes {
+    pub(super) fn new(knobs: &crate::config::Knobs) -> ConfigFlakes {
         ConfigFlakes {
-            own_flake: std::env::var_os("NIX_SANDBOX_FLAKE")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from),
+            own_flake: knobs.own_flake.clone(),
         }
     }
 

@@ -14,11 +14,9 @@ pub(super) struct DevShell {
 }
 
 impl DevShell {
-    pub(super) fn from_env() -> DevShell {
+    pub(super) fn new(knobs: &crate::config::Knobs) -> DevShell {
         DevShell {
-            own_flake: std::env::var_os("NIX_SANDBOX_FLAKE")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from),
+            own_flake: knobs.own_flake.clone(),
         }
     }
 

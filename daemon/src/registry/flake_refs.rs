@@ -9,16 +9,16 @@ pub(super) struct FlakeRefs {
 }
 
 impl FlakeRefs {
-    pub(super) fn from_env() -> FlakeRefs {
+    pub(super) fn new(knobs: &crate::config::Knobs) -> FlakeRefs {
         FlakeRefs {
-            refs: super::split_var("NIX_SANDBOX_ENVS", ','),
+            refs: knobs.flake_refs.clone(),
         }
     }
 }
 
 impl Source for FlakeRefs {
     fn name(&self) -> &'static str {
-        "NIX_SANDBOX_ENVS"
+        crate::config::knobs::ENVS_VAR
     }
 
     fn describe(&self, _: &Context) -> String {

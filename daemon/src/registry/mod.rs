@@ -30,13 +30,13 @@ pub const PROJECT_ENV: &str = "project";
 
 /// Every source of environments, in order of precedence: a later offer of a
 /// name replaces an earlier one.
-pub fn sources() -> Vec<Box<dyn Source>> {
+pub fn sources(knobs: &crate::config::Knobs) -> Vec<Box<dyn Source>> {
     vec![
-        Box::new(builtin::Builtin::from_env()),
-        Box::new(artifact_dirs::ArtifactDirs::from_env()),
-        Box::new(flake_refs::FlakeRefs::from_env()),
-        Box::new(config_flakes::ConfigFlakes::from_env()),
-        Box::new(devshell::DevShell::from_env()),
+        Box::new(builtin::Builtin::new(knobs)),
+        Box::new(artifact_dirs::ArtifactDirs::new(knobs)),
+        Box::new(flake_refs::FlakeRefs::new(knobs)),
+        Box::new(config_flakes::ConfigFlakes::new(knobs)),
+        Box::new(devshell::DevShell::new(knobs)),
         Box::new(host::HostPresets),
     ]
 }
@@ -381,15 +381,4 @@ fn apply_entry(env: &mut Environment, entry: &EnvironmentSettings) {
     // Layers: built-in, `[defaults]`, artifact manifest (all in `settings`), entry.
     env.settings = env.settings.overlay(entry.limits());
     env.limits = Limits::resolve(env.settings);
-}
-
-/// Splits a list-valued environment variable.
-fn split_var(name: &str, sep: char) -> Vec<String> {
-    std::env::var(name)
-        .unwrap_or_default()
-        .split(sep)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
 }

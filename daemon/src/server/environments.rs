@@ -106,7 +106,7 @@ impl SandboxServer {
         let config = self.shared.config.clone();
         let project = state.mount.as_ref().map(|m| m.host_path.as_path());
         let (gathered, builds) =
-            crate::registry::gather_now(&config, project, &crate::registry::sources());
+            crate::registry::gather_now(&config, project, &crate::registry::sources(&config.knobs));
         self.follow_builds(gathered, builds, true);
     }
 

@@ -4,7 +4,8 @@
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 
-use super::result::{add_network, add_usage, run_error, signal_name, tool_result};
+use super::result::{add_network, add_usage, run_error, tool_result};
+use crate::exec::ending::signal_name;
 use crate::jobs::{Chunk, Ending, Job, State};
 
 /// The result of `run` with `background`: the job's id, at once.

@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 
 use crate::changes::Note;
 use crate::environment::Limits;
+use crate::exec::ending::{Ending, Subject, signal_name};
 use crate::exec::{LimitKind, Outcome};
 
 /// Stable, machine-readable error codes.
@@ -193,101 +194,70 @@ pub fn error_result(err: &ToolError) -> CallToolResult {
     )
 }
 
-/// The error a finished run amounts to, if any.
+/// The error a finished run amounts to, if any: its ending (see
+/// `exec::ending`) as an error code, the ending's sentence, what it cost
+/// the sandbox, and what to do next.
 pub fn run_error(o: &Outcome, limits: &Limits) -> Option<ToolError> {
-    let timeout_ms = limits.timeout.as_millis();
+    let ending = Ending::of(o);
+    let said = ending.sentence(Subject::Run, limits);
     let e =
         |code, message: String, suggestion: &str| Some(ToolError::new(code, message, suggestion));
-    if o.cancelled {
-        return e(
-            ErrorCode::Cancelled,
-            "the run was cancelled and its sandbox killed".into(),
-            "Run it again if you still need the result.",
-        );
-    }
-    match o.limit {
-        Some(LimitKind::Timeout) => {
-            return e(
-                ErrorCode::Timeout,
-                format!(
-                    "the run exceeded its {timeout_ms} ms time limit; the whole sandbox was killed"
-                ),
-                "Make the code faster or do less per call (for example split the work, or run a subset of the tests).",
-            );
-        }
-        Some(LimitKind::Memory) => {
-            return e(
-                ErrorCode::MemoryLimit,
-                format!(
-                    "the run used more than its {} MiB memory limit and was killed",
-                    limits.memory_bytes >> 20
-                ),
-                "Use less memory: process data in chunks or stream it instead of loading it whole.",
-            );
-        }
-        Some(LimitKind::Processes) => {
-            return e(
-                ErrorCode::ProcessLimit,
-                format!(
-                    "the run hit its limit of {} processes and threads",
-                    limits.pids
-                ),
-                "Start fewer processes or threads (lower the worker count of test runners or builds).",
-            );
-        }
-        Some(LimitKind::Cpu) => {
-            return e(
-                ErrorCode::CpuLimit,
-                format!(
-                    "the run used more than its {} s of CPU time and was stopped",
-                    limits.cpu_seconds
-                ),
-                "Do less computation per call.",
-            );
-        }
-        Some(LimitKind::Output) => {
-            return e(
-                ErrorCode::OutputLimit,
-                format!(
-                    "the run wrote more than {} MiB of output and was killed",
-                    limits.output_limit_bytes >> 20
-                ),
-                "Print less: filter the output (grep, head, tail) or write it to a file under /workspace and print a summary.",
-            );
-        }
-        Some(LimitKind::FileSize) => {
-            return e(
-                ErrorCode::FileSizeLimit,
-                format!(
-                    "a file grew beyond the {} MiB file size limit",
-                    limits.file_size_bytes >> 20
-                ),
-                "Write smaller files.",
-            );
-        }
-        None => {}
-    }
-    match (o.exit_code, o.signal) {
-        (Some(0), _) => incomplete_output(o).map(|(stream, why)| {
+    match ending {
+        Ending::Exited(0) => incomplete_output(o).map(|(stream, why)| {
             ToolError::new(
                 ErrorCode::OutputIncomplete,
                 format!("the program succeeded, but its {stream} could not be read to the end: {why}"),
                 "Run it again; if it keeps happening, have the program write its output to a file under /workspace and print a summary.",
             )
         }),
-        (_, Some(sig)) => e(
+        Ending::Cancelled => e(
+            ErrorCode::Cancelled,
+            format!("{said} and its sandbox killed"),
+            "Run it again if you still need the result.",
+        ),
+        Ending::Limit(LimitKind::Timeout) => e(
+            ErrorCode::Timeout,
+            format!("{said}; the whole sandbox was killed"),
+            "Make the code faster or do less per call (for example split the work, or run a subset of the tests).",
+        ),
+        Ending::Limit(LimitKind::Memory) => e(
+            ErrorCode::MemoryLimit,
+            format!("{said} and was killed"),
+            "Use less memory: process data in chunks or stream it instead of loading it whole.",
+        ),
+        Ending::Limit(LimitKind::Processes) => e(
+            ErrorCode::ProcessLimit,
+            said,
+            "Start fewer processes or threads (lower the worker count of test runners or builds).",
+        ),
+        Ending::Limit(LimitKind::Cpu) => e(
+            ErrorCode::CpuLimit,
+            format!("{said} and was stopped"),
+            "Do less computation per call.",
+        ),
+        Ending::Limit(LimitKind::Output) => e(
+            ErrorCode::OutputLimit,
+            format!("{said} and was killed"),
+            "Print less: filter the output (grep, head, tail) or write it to a file under /workspace and print a summary.",
+        ),
+        Ending::Limit(LimitKind::FileSize) => e(
+            ErrorCode::FileSizeLimit,
+            said,
+            "Write smaller files.",
+        ),
+        Ending::Signalled(_) => e(
             ErrorCode::KilledBySignal,
-            format!("the program was killed by {}", signal_name(sig)),
+            said,
             "Read stderr above; the program crashed or killed itself.",
         ),
-        (Some(code), None) => e(
+        Ending::Exited(_) => e(
             ErrorCode::ExitNonzero,
-            format!("the program exited with status {code}"),
+            said,
             "Read stderr above, fix the code, and run it again.",
         ),
-        (None, None) => e(
+        Ending::NoStatus => e(
             ErrorCode::Internal,
-            "the sandbox ended without an exit status".into(),
+            said,
             "Run it again; if it keeps happening, check the server's log.",
         ),
     }
@@ -494,31 +464,6 @@ fn run_text(
         t.push_str(&e.to_text());
     }
     t.trim_end().to_string()
-}
-
-pub fn signal_name(sig: i32) -> String {
-    let name = match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGXCPU => "SIGXCPU",
-        libc::SIGXFSZ => "SIGXFSZ",
-        libc::SIGSYS => "SIGSYS",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
-        _ => return format!("signal {sig}"),
-    };
-    name.to_string()
 }
 
 #[cfg(test)]

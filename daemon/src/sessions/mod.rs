@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::environment::{Environment, InterpreterKind};
+use crate::exec::ending::{Ending, Subject, signal_name};
 use crate::exec::{
-    AgentRequest, Counted, End, ExecError, Executor, LimitKind, Observer, Outcome, Sandbox, Watch,
-    supervise,
+    AgentRequest, Counted, End, ExecError, Executor, Observer, Outcome, Sandbox, Watch, supervise,
 };
 use crate::jail::ProjectMount;
 use crate::sync::Recover;
@@ -480,7 +480,6 @@ async fn run_call(
             (killed, false)
         }
     };
-    let (exit_code, signal) = status;
     let outcome = Outcome::of_call(
         &mut watched,
         status,
@@ -504,33 +503,17 @@ async fn run_call(
             sandbox_lost: false,
         }),
         End::Replied(_) => None,
-        End::Exited(_) => killed(match outcome.limit {
-            Some(LimitKind::Memory) => format!(
-                "the session used more than its {} MiB memory limit",
-                limits.memory_bytes >> 20
-            ),
-            Some(LimitKind::Processes) => {
-                format!("the session hit its limit of {} processes", limits.pids)
-            }
-            _ => match (exit_code, signal) {
-                (Some(c), _) => format!("the interpreter itself ended (exit status {c})"),
-                (_, Some(s)) => format!("the interpreter itself was killed by signal {s}"),
-                _ => "the interpreter itself ended".to_string(),
-            },
-        }),
-        End::Timeout => killed(format!(
-            "a call exceeded its {} ms time limit",
-            limits.timeout.as_millis()
-        )),
-        End::Cancelled => killed("a call was cancelled".to_string()),
-        End::Output => killed(format!(
-            "a call wrote more than {} MiB of output",
-            limits.output_limit_bytes >> 20
-        )),
-        End::Cpu => killed(format!(
-            "a call used more than its {} s of CPU time",
-            limits.cpu_seconds
-        )),
+        // A limit, or the interpreter itself ending: the sandbox is gone.
+        End::Exited(_) | End::Timeout | End::Cancelled | End::Output | End::Cpu => {
+            killed(match Ending::of(&outcome) {
+                Ending::Exited(c) => format!("the interpreter itself ended (exit status {c})"),
+                Ending::Signalled(s) => {
+                    format!("the interpreter itself was killed by {}", signal_name(s))
+                }
+                Ending::NoStatus => "the interpreter itself ended".to_string(),
+                ending => ending.sentence(Subject::Session, &limits),
+            })
+        }
         End::ReplyOverflow => killed(format!(
             "the code wrote to the session's control channel (more than {} bytes in a line or {} KiB in a call)",
             crate::exec::supervise::REPLY_LINE_CAP,

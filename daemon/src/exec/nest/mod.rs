@@ -41,7 +41,7 @@ use rustix::thread::LinkNameSpaceType;
 
 use super::child::ChildPlan;
 pub(super) use stage::Reported;
-pub use stage::{ProjectSpec, Spec as StageSpec};
+pub use stage::Spec as StageSpec;
 
 /// How long the holder may take to report that the nest exists.
 const START_LIMIT: Duration = Duration::from_secs(5);
@@ -395,15 +395,15 @@ impl Nest {
     }
 
     /// What mounts, from `view`, each `(source, target)` of `mounts` (the
-    /// source in the view's namespace), and each of `staged` from the
-    /// sandbox's stage (targets as while bubblewrap sets up), in a sandbox
-    /// being set up (see [`view::attach`]); then makes `read_only_root`
-    /// read-only, when given.
+    /// source in the view's namespace), and each `(source, target,
+    /// read_only)` of `staged` from the sandbox's stage (targets as while
+    /// bubblewrap sets up), in a sandbox being set up (see
+    /// [`view::attach`]); then makes `read_only_root` read-only, when given.
     pub(super) fn view_attach(
         &self,
         view: Arc<view::View>,
         mounts: &[(PathBuf, PathBuf)],
-        staged: &[crate::jail::OutsideMount],
+        staged: &[(PathBuf, PathBuf, bool)],
         read_only_root: Option<&Path>,
     ) -> std::io::Result<ViewAttach> {
         let c = |p: &Path| {
@@ -422,11 +422,11 @@ impl Nest {
                 .collect::<std::io::Result<_>>()?,
             staged: staged
                 .iter()
-                .map(|m| {
+                .map(|(source, target, read_only)| {
                     Ok(view::StagedMount {
-                        source: c(&m.source)?,
-                        target: c(&m.target)?,
-                        read_only: m.read_only,
+                        source: c(source)?,
+                        target: c(target)?,
+                        read_only: *read_only,
                     })
                 })
                 .collect::<std::io::Result<_>>()?,

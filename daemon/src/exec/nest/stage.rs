@@ -27,7 +27,7 @@ use rustix::net::{
 };
 
 use super::network;
-use crate::jail::staged;
+use crate::jail::{StagedProject, staged};
 
 /// The overlay's upper layer (the project's changes) and its work
 /// directory, inside the staged tmpfs.
@@ -44,7 +44,7 @@ const EMPTY: &str = "empty";
 pub struct Spec {
     pub size_bytes: u64,
     pub files: u64,
-    pub project: Option<ProjectSpec>,
+    pub project: Option<StagedProject>,
     /// The top-level entries of the host's root that the sandbox's
     /// bubblewrap sees (see `root.rs`); empty: the whole root.
     pub host_root: Vec<std::path::PathBuf>,
@@ -64,14 +64,6 @@ impl Spec {
             network: false,
         }
     }
-}
-
-/// The project, seen through an overlay.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ProjectSpec {
-    pub host_path: std::path::PathBuf,
-    /// Writable (changes go to the upper layer) or read-only.
-    pub writable: bool,
 }
 
 /// The steps of staging, in order; the child reports the one that failed.

@@ -2,6 +2,7 @@
 //! bubblewrap options it becomes.
 
 use super::*;
+use crate::environment::RootFs;
 use crate::environment::{Limits, Origin};
 use crate::network::NetworkSetting;
 
@@ -15,9 +16,11 @@ fn layout() -> HostLayout {
         proc_masked_dirs: vec!["/proc/acpi".into()],
         empty_file: "/run/nsm/empty".into(),
         etc_dir: "/run/nsm/etc".into(),
-        disable_userns: true,
-        add_seccomp_fd: true,
-        json_status_fd: true,
+        features: Features {
+            disable_userns: true,
+            add_seccomp_fd: true,
+            json_status_fd: true,
+        },
     }
 }
 
@@ -42,6 +45,30 @@ fn env() -> Environment {
         tools: vec![],
         kind: None,
     }
+}
+
+/// One sandbox and its wiring, as the tests write them: a [`Sandbox`]
+/// whose pipes are given as the descriptors bubblewrap reads them from.
+#[derive(Clone)]
+struct Call<'a> {
+    env: &'a Environment,
+    project: Option<&'a ProjectMount>,
+    /// The host's code file and where it appears.
+    code_file: Option<(&'a Path, &'a str)>,
+    block_fd: Option<i32>,
+    seccomp_fds: Vec<i32>,
+    status_fd: Option<i32>,
+    inherited: &'a [(String, String)],
+    workdir: Option<&'a str>,
+    staged: Option<&'a Path>,
+    /// A store view's pipe.
+    store_view: Option<i32>,
+    /// The /proc masks' pipe ([`ProcMasks::FromOutside`]).
+    proc_masks_sync: Option<i32>,
+    protected: &'a [String],
+    caches: &'a [CacheMount],
+    hook_vars: &'a [(String, Value)],
+    network_given: bool,
 }
 
 fn argv(
@@ -87,15 +114,61 @@ fn bare_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> Cal
         caches: &[],
         hook_vars: &[],
         network_given: false,
-        mounts_from_outside: false,
+    }
+}
+
+const COMMAND: &[String] = &[];
+
+fn plan_of(call: &Call) -> Plan {
+    plan(
+        &layout(),
+        &Sandbox {
+            env: call.env,
+            project: call.project,
+            code_at: call.code_file.map(|(_, at)| at),
+            inherited: call.inherited,
+            workdir: call.workdir,
+            staged: call.staged,
+            store_view: call.store_view.is_some(),
+            proc_masks: match call.proc_masks_sync {
+                Some(_) => ProcMasks::FromOutside,
+                None => ProcMasks::Bubblewrap,
+            },
+            network_given: call.network_given,
+            protected: call.protected,
+            caches: call.caches,
+            hook_vars: call.hook_vars,
+            command: COMMAND,
+        },
+    )
+}
+
+fn wiring<'a>(call: &Call<'a>) -> Wiring<'a> {
+    Wiring {
+        code_file: call.code_file.map(|(file, _)| file),
+        block: call.block_fd,
+        seccomp: call.seccomp_fds.clone(),
+        status: call.status_fd,
+        proc_masks: call.proc_masks_sync,
+        store_view: call.store_view,
+        go: None,
     }
 }
 
 fn options(call: &Call) -> Vec<String> {
-    bwrap_options(&layout(), call)
+    super::options(&plan_of(call), layout().features, &wiring(call))
         .into_iter()
         .map(|s| s.into_string().unwrap())
         .collect()
+}
+
+fn outside_mounts(call: &Call) -> OutsideMounts {
+    plan_of(call).outside
+}
+
+/// Every bind's source in the options, then every mount from outside's.
+fn bind_sources(call: &Call) -> Vec<PathBuf> {
+    sources(&plan_of(call))
 }
 
 /// True when `needle` appears in `hay` as consecutive arguments.
@@ -138,7 +211,6 @@ fn outside_call<'a>(env: &'a Environment, project: Option<&'a ProjectMount>) -> 
     Call {
         staged: Some(Path::new("/run/nsm/stage")),
         proc_masks_sync: Some(12),
-        mounts_from_outside: true,
         ..bare_call(env, project)
     }
 }
@@ -157,13 +229,16 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
     let env = env();
     let project = overlay_project();
     let call = outside_call(&env, Some(&project));
-    let outside = outside_mounts(&layout(), &call);
+    let outside = outside_mounts(&call);
     let mounts: Vec<(String, String, bool)> = outside
         .mounts
         .iter()
         .map(|m| {
             let s = |p: &Path| p.to_str().unwrap().to_string();
-            (s(&m.source), s(&m.target), m.read_only)
+            let Source::Host(source) = &m.source else {
+                panic!("{m:?}")
+            };
+            (s(source), s(&m.target), m.read_only)
         })
         .collect();
     let expected = [
@@ -192,13 +267,19 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
     // on a tmpfs of its own, so that the root has no file open for writing.
     assert!(!a.iter().any(|x| x == "--remount-ro"), "{a:?}");
     assert_eq!(
-        pos(&a, &["--size", SYNC_TMPFS_BYTES, "--tmpfs", "/tmp"]) + 4,
+        pos(
+            &a,
+            &["--size", &SYNC_TMPFS_BYTES.to_string(), "--tmpfs", "/tmp"]
+        ) + 4,
         sync
     );
     // Where bubblewrap runs, their sources must be there too.
-    let sources = bwrap_options_and_sources(&layout(), &call).1;
+    let sources = bind_sources(&call);
     for m in &outside.mounts {
-        assert!(sources.contains(&m.source), "{m:?}: {sources:?}");
+        let Source::Host(source) = &m.source else {
+            panic!("{m:?}")
+        };
+        assert!(sources.contains(source), "{m:?}: {sources:?}");
     }
     // A networked environment's entries come along.
     let mut networked = env.clone();
@@ -208,7 +289,7 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
         ..call.clone()
     };
     assert!(
-        outside_mounts(&layout(), &with_network)
+        outside_mounts(&with_network)
             .mounts
             .iter()
             .any(|m| m.target == Path::new("/etc/ssl/certs") && m.read_only)
@@ -244,6 +325,11 @@ fn etc_and_staged_filesystems_mounted_from_outside_get_mount_points_before_the_m
 #[test]
 fn the_root_stays_bubblewraps_to_make_read_only_when_bubblewrap_mounts_after_the_sync() {
     let env = env();
+    let mut closure_env = env.clone();
+    closure_env.root = RootFs::Closure {
+        store_paths: vec!["/nix/store/aaa-python".into()],
+        links: vec![],
+    };
     let rw = read_write_project(&[]);
     let caches = [CacheMount {
         host: "/home/u/.cache/pip".into(),
@@ -270,16 +356,19 @@ fn the_root_stays_bubblewraps_to_make_read_only_when_bubblewrap_mounts_after_the
             "a store view",
             Call {
                 store_view: Some(7),
-                ..outside_call(&env, None)
+                ..outside_call(&closure_env, None)
             },
         ),
     ];
     for (what, call) in cases {
-        let outside = outside_mounts(&layout(), &call);
+        let outside = outside_mounts(&call);
         assert!(!outside.read_only_root, "{what}");
         let a = options(&call);
         assert_eq!(&a[a.len() - 2..], &["--remount-ro", "/"], "{what}");
-        assert!(!has(&a, &["--size", SYNC_TMPFS_BYTES]), "{what}: {a:?}");
+        assert!(
+            !has(&a, &["--size", &SYNC_TMPFS_BYTES.to_string()]),
+            "{what}: {a:?}"
+        );
         // /dev is read-only from outside all the same.
         assert!(!has(&a, &["--remount-ro", "/dev"]), "{what}: {a:?}");
     }
@@ -571,17 +660,32 @@ fn host_identifying_proc_files_are_masked_over_the_new_proc() {
 fn proc_masks_mounted_from_outside_leave_bubblewrap_a_sync_file_under_tmp() {
     let env = env();
     for staged in [None, Some(Path::new("/run/nsm/stage"))] {
-        let a = options(&Call {
+        let call = Call {
             proc_masks_sync: Some(6),
             staged,
             ..bare_call(&env, None)
-        });
-        // Once /proc is mounted, before the sandbox's /tmp hides the file.
+        };
+        let a = options(&call);
+        // Once /proc is mounted, before the sandbox's /tmp hides the file:
+        // bubblewrap's tmpfs after it or, staged, the staged /tmp mounted
+        // from outside while bubblewrap waits on it.
         let sync = pos(&a, &["--file", "6", PROC_MASKS_SYNC_FILE]);
         assert!(sync > pos(&a, &["--proc", "/proc"]), "{a:?}");
-        let tmp = a.iter().rposition(|x| x == "/tmp").unwrap();
-        assert!(a[tmp - 1] == "--tmpfs" || a[tmp - 2] == "--bind", "{a:?}");
-        assert!(tmp > sync, "{a:?}");
+        match staged {
+            None => {
+                let tmp = a.iter().rposition(|x| x == "/tmp").unwrap();
+                assert_eq!(a[tmp - 1], "--tmpfs", "{a:?}");
+                assert!(tmp > sync, "{a:?}");
+            }
+            Some(root) => assert!(
+                outside_mounts(&call)
+                    .mounts
+                    .iter()
+                    .any(|m| m.target == Path::new(TMP)
+                        && m.source == Source::Host(root.join(staged::TMP))),
+                "{a:?}"
+            ),
+        }
         assert!(
             !a.iter().any(|x| x == "/proc/cmdline" || x == "/proc/acpi"),
             "{a:?}"
@@ -762,7 +866,7 @@ fn a_hook_variable_is_set_after_every_other_and_so_wins() {
     let inherited = [("PYTHONPATH".to_string(), "/lib/b".to_string())];
     let hook = [(
         "PYTHONPATH".to_string(),
-        "/tmp/.nsm-prestart:/lib/b".to_string(),
+        Value::Text("/tmp/.nsm-prestart:/lib/b".to_string()),
     )];
     let a = options(&Call {
         inherited: &inherited,
@@ -788,21 +892,19 @@ fn bind_sources_are_the_first_argument_of_every_bind() {
         ..bare_call(&env, Some(&project))
     };
     let argv = options(&call);
+    // The code file is the caller's (made per sandbox), not the plan's.
     let expected: Vec<String> = argv
         .windows(2)
         .filter(|w| w[0].ends_with("bind") || w[0].ends_with("bind-try"))
         .map(|w| w[1].clone())
+        .filter(|source| source != "/run/nsm/code/1")
         .collect();
-    let sources: Vec<String> = bwrap_options_and_sources(&layout(), &call)
-        .1
+    assert!(has(&argv, &["--ro-bind", "/run/nsm/code/1"]), "{argv:?}");
+    let sources: Vec<String> = bind_sources(&call)
         .into_iter()
         .map(|p| p.into_os_string().into_string().unwrap())
         .collect();
     assert_eq!(sources, expected);
-    assert!(
-        sources.contains(&"/run/nsm/code/1".to_string()),
-        "{sources:?}"
-    );
     assert!(sources.contains(&"/usr".to_string()), "{sources:?}");
 }
 
