@@ -19,7 +19,8 @@ else
     pname = crate.name;
     inherit (crate) version;
 
-    # Only what cargo reads, so that editing docs or Nix files rebuilds nothing.
+    # Only what cargo and the unit tests read (daemon/tests/source_tree.rs
+    # checks the list), so that editing other docs or Nix files rebuilds nothing.
     src = lib.fileset.toSource {
       root = ../.;
       fileset = lib.fileset.unions [
@@ -28,6 +29,13 @@ else
         ../daemon
         # The unit tests check that it documents every key.
         ../config.example.toml
+        # The unit tests check that its client block is what `client-config` prints.
+        ../README.md
+        # The unit tests check that it is the schema the code generates.
+        ../nix/lib/config-schema.json
+        # The unit tests check that these say what doctor says (userns.rs).
+        ../docs/security.md
+        ../deploy/apparmor/nix-sandbox-mcp
       ];
     };
     cargoLock.lockFile = ../Cargo.lock;

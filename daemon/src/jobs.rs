@@ -14,9 +14,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::changes::Note;
-use crate::environment::Limits;
 use crate::exec::capture::{Capture, Captured};
 use crate::exec::{ExecError, Observer, Outcome, Stream};
+use crate::limits::Limits;
 use crate::sync::Recover;
 
 /// Bounds on jobs.

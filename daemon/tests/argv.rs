@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{env, env_with, fixture};
 use nix_sandbox_mcp::environment::Environment;
-use nix_sandbox_mcp::exec::{Argv, ExecError, LimitKind, Outcome, Request};
+use nix_sandbox_mcp::exec::{Argv, ExecError, LimitKind, Outcome, Request, SetupFailure};
 use tokio_util::sync::CancellationToken;
 
 async fn run_argv(env: &Environment, argv: &[&str], workdir: &str) -> Outcome {
@@ -72,7 +72,10 @@ async fn a_command_finds_an_empty_workspace_and_no_code_file() {
 #[tokio::test]
 async fn an_unknown_program_is_a_set_up_failure_naming_it() {
     match try_run_argv(&env("bash"), &["no-such-program-here"], "/workspace").await {
-        Err(ExecError::Setup(m)) => assert!(m.contains("no-such-program-here"), "{m}"),
+        Err(ExecError::Setup {
+            failure: SetupFailure::CommandNotStarted,
+            message,
+        }) => assert!(message.contains("no-such-program-here"), "{message}"),
         other => panic!("{other:?}"),
     }
 }

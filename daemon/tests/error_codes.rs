@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use nix_sandbox_mcp::environment::Limits;
 use nix_sandbox_mcp::exec::Outcome;
+use nix_sandbox_mcp::limits::Limits;
 use nix_sandbox_mcp::server::result::run_error;
 
 #[test]

@@ -514,7 +514,9 @@ async fn a_sandbox_that_cannot_be_set_up_is_not_blamed_on_the_program() {
         })
         .await;
     match r {
-        Err(ExecError::Setup(msg)) => assert!(msg.contains("/nonexistent/project"), "{msg}"),
+        Err(ExecError::Setup { message: msg, .. }) => {
+            assert!(msg.contains("/nonexistent/project"), "{msg}")
+        }
         other => panic!("expected a setup error, got {other:?}"),
     }
 }

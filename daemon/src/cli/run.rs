@@ -148,7 +148,7 @@ pub(super) async fn run_once(
         Ok(o) => o,
         Err(e) => {
             eprintln!("nix-sandbox-mcp: {e}");
-            if let ExecError::Setup(message) = &e {
+            if let ExecError::Setup { message, .. } = &e {
                 eprintln!("  fix: {}", app::diagnose_sandbox_failure(message));
             }
             return ExitCode::from(126);

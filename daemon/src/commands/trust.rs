@@ -30,7 +30,7 @@ pub struct Ceiling {
 impl Ceiling {
     /// What an environment gives at least: no network, the built-in limits.
     pub fn least() -> Ceiling {
-        let limits = crate::environment::Limits::resolve(Default::default());
+        let limits = crate::limits::Limits::resolve(Default::default());
         Ceiling {
             network: NetworkSetting::Off,
             timeout: limits.timeout,

@@ -20,7 +20,7 @@
 //! 127, 141) come from is the CLI's.
 
 use super::outcome::{LimitKind, Outcome};
-use crate::environment::Limits;
+use crate::limits::Limits;
 
 /// What ended a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,7 +141,7 @@ pub fn signal_name(signal: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::environment::Limits;
+    use crate::limits::Limits;
 
     fn outcome(exit_code: Option<i32>, signal: Option<i32>) -> Outcome {
         Outcome {

@@ -30,7 +30,8 @@
 //! pidfd and reaped in `process.rs`. Underneath bubblewrap, the **nest**
 //! (`nest/`) is the process that owns a sandbox's namespaces: it stages the
 //! project's overlay and the store views, keeps pooled network namespaces,
-//! and takes every sandbox process with it when the server dies.
+//! and takes every sandbox process with it when the server dies; what the
+//! executor holds there is set up once, in `nest_parts.rs`.
 
 mod admission;
 pub mod capture;
@@ -38,6 +39,7 @@ mod child;
 pub mod ending;
 mod launch;
 pub mod nest;
+mod nest_parts;
 mod outcome;
 mod pidns;
 mod prestart;
@@ -69,14 +71,15 @@ pub use request::{AGENT_DIR, AgentRequest, Argv, Bounds, Request, code_problem};
 pub use sandbox::Sandbox;
 pub use supervise::{End, Protocol, RunOnce, Supervised, Watch, supervise};
 
-use crate::config::{Switches, knobs};
-use crate::environment::{Environment, RootFs};
+use crate::config::Switches;
+use crate::environment::Environment;
 use crate::jail::ProjectMount;
 use crate::limits::{Enforcer, Usage};
 use crate::network::Proxy;
 use crate::platform::Platform;
 use crate::sync::Recover;
 use admission::{Admission, Budget, Reservation};
+use nest_parts::NestParts;
 use prestart::Pool;
 use recipe::{FromViews, Ingredients, Recipe, SeccompCache};
 use sandbox::{Control, Prepared};
@@ -109,11 +112,77 @@ pub enum ExecError {
         "this environment's memory limit ({needed_mib} MiB) is larger than the server's memory budget ({budget_mib} MiB)"
     )]
     OverBudget { needed_mib: u64, budget_mib: u64 },
-    #[error("cannot start the sandbox: {0}")]
-    Spawn(String),
-    /// bubblewrap ran but could not set the sandbox up; the program never started.
-    #[error("the sandbox could not be set up: {0}")]
-    Setup(String),
+    /// A step of starting the sandbox failed on the host.
+    #[error("cannot start the sandbox: {step}: {source}")]
+    Spawn {
+        step: SpawnStep,
+        #[source]
+        source: std::io::Error,
+    },
+    /// bubblewrap ran but could not set the sandbox up; the program never
+    /// started. `message` is what bubblewrap (or the interpreter) said.
+    #[error("the sandbox could not be set up: {message}")]
+    Setup {
+        failure: SetupFailure,
+        message: String,
+    },
+}
+
+/// The step of starting a sandbox that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnStep {
+    Seccomp,
+    SessionPipes,
+    StartBubblewrap,
+    SetUp,
+    CodeFile,
+    StartProgram,
+}
+
+impl std::fmt::Display for SpawnStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SpawnStep::Seccomp => "the seccomp filter",
+            SpawnStep::SessionPipes => "the session's pipes",
+            SpawnStep::StartBubblewrap => "starting bubblewrap",
+            SpawnStep::SetUp => "setting the sandbox up",
+            SpawnStep::CodeFile => "the code file",
+            SpawnStep::StartProgram => "starting the program",
+        })
+    }
+}
+
+impl SpawnStep {
+    /// The error of this step failing with `source`.
+    pub(crate) fn failed(self, source: impl Into<std::io::Error>) -> ExecError {
+        ExecError::Spawn {
+            step: self,
+            source: source.into(),
+        }
+    }
+}
+
+/// Why bubblewrap could not set a sandbox up, as far as a caller acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetupFailure {
+    /// The command could not be executed (not in the environment, or not
+    /// a program): bubblewrap's `execvp` failed.
+    CommandNotStarted,
+    /// A session's interpreter did not come up.
+    InterpreterNotReady,
+    /// Anything else: a mount, a namespace, the host's configuration.
+    Host,
+}
+
+impl SetupFailure {
+    /// The failure bubblewrap's own words (its standard error) describe.
+    fn of_bubblewrap(message: &str) -> SetupFailure {
+        if message.contains("execvp") {
+            SetupFailure::CommandNotStarted
+        } else {
+            SetupFailure::Host
+        }
+    }
 }
 
 /// Exit code and signal as the program saw them, from bubblewrap's exit
@@ -178,28 +247,11 @@ impl Executor {
         proxy: Proxy,
         switches: Switches,
     ) -> Executor {
-        let nest = if !switches.nest {
-            Err(Switches::off(knobs::NEST_VAR))
-        } else {
-            nest::Nest::start(&platform.stage_dir).and_then(|n| {
-                n.probe(platform.run_as, &nest::StageSpec::scratch())
-                    .map(|()| n)
-            })
-        };
-        if let Err(e) = &nest {
-            tracing::warn!("sandboxes start without the nest: {e}");
-        }
-        let host_root = match &nest {
-            Ok(n) => host_root(n, &platform, switches),
-            Err(_) => Err("no nest".to_string()),
-        };
-        if let (Ok(_), Err(e)) = (&nest, &host_root) {
-            tracing::warn!("sandboxes see all of the host's mounts: {e}");
-        }
-        let masks = match &nest {
-            Ok(n) => proc_masks(n, &platform),
-            Err(_) => None,
-        };
+        let NestParts {
+            nest,
+            host_root,
+            masks,
+        } = NestParts::start(&platform, switches);
         let executor = Executor {
             inner: Arc::new(Inner {
                 platform,
@@ -321,43 +373,6 @@ impl Executor {
         )
     }
 
-    /// The store view of `env`'s closure, made the first time it is asked
-    /// for (blocking: a helper and a mount per store path); none without
-    /// the nest, with views turned off, or when the view cannot be made.
-    fn view_for(&self, env: &Environment) -> Option<Arc<nest::view::View>> {
-        let RootFs::Closure { store_paths, .. } = &env.root else {
-            return None;
-        };
-        let nest = self.inner.nest.as_ref().ok()?;
-        if !self.inner.switches.store_view {
-            return None;
-        }
-        crate::jail::store_dir(store_paths)?;
-        let mut views = self.inner.views.lock().recover();
-        // A view that could not be mounted into a sandbox is given up.
-        if let Some(Some(v)) = views.get(store_paths)
-            && v.failed.load(std::sync::atomic::Ordering::SeqCst)
-        {
-            tracing::warn!(
-                "the closure of {} is bound path by path from now on: its store view could not be mounted into a sandbox",
-                env.name
-            );
-            views.insert(store_paths.clone(), None);
-        }
-        views
-            .entry(store_paths.clone())
-            .or_insert_with(
-                || match nest.make_view(&self.inner.platform.view_dir, store_paths) {
-                    Ok(v) => Some(Arc::new(v)),
-                    Err(e) => {
-                        tracing::warn!("the closure of {} is bound path by path: {e}", env.name);
-                        None
-                    }
-                },
-            )
-            .clone()
-    }
-
     /// Keeps environments' caches for `project` (see [`crate::caches`]),
     /// from the next sandbox prepared on.
     pub fn keep_caches(&self, project: Option<&ProjectMount>) {
@@ -460,7 +475,7 @@ impl Executor {
         let network = recipe.network.as_ref().map(|p| (&self.inner.proxy, p));
         let mut sandbox = prepared
             .start(None, network)
-            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+            .map_err(|e| SpawnStep::StartProgram.failed(e))?;
         if let Some(o) = &req.observer {
             o.started();
         }
@@ -499,14 +514,17 @@ impl Executor {
         tokio::spawn(sandbox.wind_down());
         if set_up_failed {
             let message = watched.stderr.text.trim();
-            return Err(ExecError::Setup(if message.is_empty() {
-                format!(
-                    "bubblewrap exited with {:?}",
-                    watched.exit.map(|e| e.status)
-                )
-            } else {
-                message.to_string()
-            }));
+            return Err(ExecError::Setup {
+                failure: SetupFailure::of_bubblewrap(message),
+                message: if message.is_empty() {
+                    format!(
+                        "bubblewrap exited with {:?}",
+                        watched.exit.map(|e| e.status)
+                    )
+                } else {
+                    message.to_string()
+                },
+            });
         }
         let usage = Usage {
             cpu: counted.cpu.or(fallback_usage.map(|(cpu, _)| cpu)),
@@ -543,11 +561,9 @@ impl Executor {
     /// as its two arguments. The sandbox counts against no run slot; the
     /// caller owns it (dropping it kills it).
     pub async fn start_agent(&self, req: AgentRequest<'_>) -> Result<Sandbox, ExecError> {
-        let io = |what: &str, e: std::io::Error| ExecError::Spawn(format!("{what}: {e}"));
-        let pipe = || {
-            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-                .map_err(|e| io("session pipes", e.into()))
-        };
+        let io = |e: std::io::Error| SpawnStep::SessionPipes.failed(e);
+        let pipe =
+            || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io(e.into()));
         let (requests_r, requests_w) = pipe()?;
         let (replies_r, replies_w) = pipe()?;
         // The node agent reopens its pipes through /proc to make them
@@ -555,7 +571,7 @@ impl Executor {
         // permission. Only processes holding a pipe can reach it there.
         for (end, mode) in [(&requests_r, 0o644), (&replies_w, 0o622)] {
             rustix::fs::fchmod(end, rustix::fs::Mode::from_raw_mode(mode))
-                .map_err(|e| io("session pipes", e.into()))?;
+                .map_err(|e| io(e.into()))?;
         }
         let recipe = Arc::new(self.recipe(Ingredients {
             env: req.env,
@@ -576,16 +592,14 @@ impl Executor {
             .await?;
         let prepared = with_code(prepared, req.program).await?;
         let control = Control {
-            requests: pipe::Sender::from_owned_fd(requests_w)
-                .map_err(|e| io("session pipes", e))?,
-            replies: pipe::Receiver::from_owned_fd(replies_r)
-                .map_err(|e| io("session pipes", e))?,
+            requests: pipe::Sender::from_owned_fd(requests_w).map_err(io)?,
+            replies: pipe::Receiver::from_owned_fd(replies_r).map_err(io)?,
             partial: Vec::new(),
         };
         let network = recipe.network.as_ref().map(|p| (&self.inner.proxy, p));
         prepared
             .start(Some(control), network)
-            .map_err(|e| io("session start", e))
+            .map_err(|e| SpawnStep::StartProgram.failed(e))
     }
 
     /// Reserves a sandbox's share of the memory budget, taking prepared
@@ -594,7 +608,7 @@ impl Executor {
     /// its share from the start).
     async fn reserve_memory(
         &self,
-        limits: &crate::environment::Limits,
+        limits: &crate::limits::Limits,
         cancel: &CancellationToken,
     ) -> Result<Reservation, ExecError> {
         let budget = &self.inner.budget;
@@ -643,13 +657,13 @@ impl Executor {
         let spawned = self
             .inner
             .spawn(recipe, extra)
-            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+            .map_err(|e| SpawnStep::StartBubblewrap.failed(e))?;
         let recipe = recipe.clone();
         let run_as = self.inner.platform.run_as;
         let prepared = tokio::task::spawn_blocking(move || spawned.set_up(&recipe, run_as))
             .await
-            .map_err(|e| ExecError::Spawn(e.to_string()))?
-            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+            .map_err(|e| SpawnStep::SetUp.failed(e))?
+            .map_err(|e| SpawnStep::SetUp.failed(e))?;
         Ok(Prepared {
             reservation: Some(reservation),
             ..prepared
@@ -698,50 +712,10 @@ impl Inner {
     }
 }
 
-/// What bubblewrap needs of the host's root, once a sandbox rooted that
-/// way has run it; else why sandboxes see the host's whole root.
-fn host_root(
-    nest: &nest::Nest,
-    platform: &Platform,
-    switches: Switches,
-) -> Result<nest::root::HostRoot, String> {
-    if !switches.own_root {
-        return Err(Switches::off(knobs::OWN_ROOT_VAR));
-    }
-    let root = nest::root::HostRoot::for_bubblewrap(&platform.bwrap).ok_or_else(|| {
-        format!(
-            "{} is not a program whose needs are known",
-            platform.bwrap.display()
-        )
-    })?;
-    let entries = root.entries(&[], &platform.stage_dir);
-    nest.probe_host_root(platform.run_as, entries, &platform.bwrap)?;
-    Ok(root)
-}
-
-/// The view the /proc masks are mounted from: the empty file (over each
-/// masked file) and the empty directory (over each masked directory).
-/// `None` when there is nothing to mask or the view cannot be made; then
-/// bubblewrap mounts each mask itself.
-fn proc_masks(nest: &nest::Nest, platform: &Platform) -> Option<Arc<nest::view::View>> {
-    let layout = &platform.layout;
-    if layout.proc_masked_files.len() + layout.proc_masked_dirs.len() > nest::view::ATTACH_MOST {
-        return None;
-    }
-    let sources = [layout.empty_file.clone(), platform.empty_dir.clone()];
-    match nest.make_view(&platform.view_dir, &sources) {
-        Ok(v) => Some(Arc::new(v)),
-        Err(e) => {
-            tracing::warn!("bubblewrap mounts each /proc mask itself: {e}");
-            None
-        }
-    }
-}
-
 /// Writes `code` into a prepared sandbox's code file (large code off the
 /// runtime's threads).
 async fn with_code(mut prepared: Prepared, code: &[u8]) -> Result<Prepared, ExecError> {
-    let io = |e: std::io::Error| ExecError::Spawn(format!("code file: {e}"));
+    let io = |e: std::io::Error| SpawnStep::CodeFile.failed(e);
     if code.len() <= LARGE_CODE {
         prepared.write_code(code).map_err(io)?;
         return Ok(prepared);
@@ -749,6 +723,6 @@ async fn with_code(mut prepared: Prepared, code: &[u8]) -> Result<Prepared, Exec
     let code = code.to_vec();
     tokio::task::spawn_blocking(move || prepared.write_code(&code).map(|()| prepared))
         .await
-        .map_err(|e| ExecError::Spawn(e.to_string()))?
+        .map_err(|e| io(e.into()))?
         .map_err(io)
 }

@@ -12,11 +12,11 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use super::ExecError;
 use super::nest::StageSpec;
 use super::nest::root::HostRoot;
 use super::nest::view::View;
 use super::warm::Warm;
+use super::{ExecError, SpawnStep};
 use crate::environment::Environment;
 use crate::jail::{self, CacheMount, HostLayout, Plan, ProcMasks, ProjectAccess, ProjectMount};
 use crate::limits::{Enforcer, Rlimit};
@@ -163,7 +163,7 @@ impl Recipe {
         let stage_root = staging.map(|(root, _)| root);
         let program = seccomp
             .get(&i.env.seccomp_allow)
-            .map_err(|e| ExecError::Spawn(e.to_string()))?;
+            .map_err(|e| SpawnStep::Seccomp.failed(std::io::Error::other(e)))?;
         let protected = existing_protected(i.project);
         // A command run as is reads no code file.
         let (mut command, code_at) = match i.command {
@@ -420,7 +420,7 @@ mod tests {
                 ..base.clone()
             },
             Plan {
-                limits: crate::environment::Limits {
+                limits: crate::limits::Limits {
                     pids: limits.pids + 1,
                     ..limits
                 },

@@ -18,7 +18,7 @@ use super::outcome::LimitKind;
 use super::process::Exit;
 use super::sandbox::{Channel, Sandbox};
 use super::{Observer, Stream};
-use crate::environment::Limits;
+use crate::limits::Limits;
 
 /// Bytes a reply line may have before the call is ended: replies are a few
 /// dozen bytes of JSON, so anything longer is not a reply.

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::*;
-use crate::environment::Limits;
+use crate::limits::Limits;
 
 /// A plan with nothing in it but what every plan has.
 fn bare() -> Plan {

@@ -180,4 +180,8 @@ pub fn protected_path_dirs(rel: &str) -> impl Iterator<Item = &Path> {
 #[cfg(test)]
 mod bwrap_tests;
 #[cfg(test)]
+mod mount_tests;
+#[cfg(test)]
 mod plan_tests;
+#[cfg(test)]
+mod test_calls;

@@ -22,7 +22,8 @@ use super::{
     SANDBOX_GID, SANDBOX_UID, SYNC_TMPFS_BYTES, TMP, WORKSPACE, protected_path_dirs, staged,
     staged_code_path, store_dir,
 };
-use crate::environment::{Environment, Limits, RootFs};
+use crate::environment::{Environment, RootFs};
+use crate::limits::Limits;
 
 /// One kind of sandbox: what a plan is made from.
 #[derive(Debug, Clone)]

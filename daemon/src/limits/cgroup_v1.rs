@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use super::groups::{ControlFiles, Hierarchy, write_file};
 use super::{Counters, Mechanism};
-use crate::environment::Limits;
+use crate::limits::Limits;
 
 /// The containers, one per hierarchy, in the order of a group's directories.
 #[derive(Debug)]

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use super::groups::{ControlFiles, Hierarchy, write_file};
 use super::{Counters, Mechanism};
-use crate::environment::Limits;
+use crate::limits::Limits;
 
 #[derive(Debug)]
 pub(super) struct CgroupV2 {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Counters, Mechanism};
-use crate::environment::Limits;
+use crate::limits::Limits;
 use crate::sync::Recover;
 
 /// A cgroup layout that can hold per-sandbox groups (cgroup v2, or v1 with

@@ -1,16 +1,34 @@
-//! How resource limits are enforced on this host. `detect.rs` decides, once,
+//! Resource limits: what each one is (`values.rs`: [`Limits`], resolved from
+//! its layers) and how this host enforces it. `detect.rs` decides, once,
 //! which mechanism the host offers and why; each mechanism is a file behind
 //! one interface: cgroup v2 (`cgroup_v2.rs`) and cgroup v1 leaf groups
 //! (`cgroup_v1.rs`) through the pool of groups in `groups.rs`, and rlimits
-//! (`rlimits.rs`), which always cover CPU time, file size and open files and
-//! stand in for memory and processes when no cgroup does. Knows nothing
-//! about bubblewrap or MCP.
+//! (`rlimits.rs`). Knows nothing about bubblewrap or MCP.
+//!
+//! Every limit, where it is applied, and what a result says when it is hit
+//! (the sentence is `exec/ending.rs`'s; "—" is "not by this mechanism"):
+//!
+//! | limit (config) | cgroup v2 | cgroup v1 | rlimit | elsewhere | when hit |
+//! |---|---|---|---|---|---|
+//! | `timeout_ms` | — | — | — | the supervisor's deadline (`exec/supervise.rs`) | `timeout`, "exceeded its T ms time limit" |
+//! | `memory_mb` | `memory.max`, `memory.swap.max` = 0 | `memory.limit_in_bytes`, `memory.memsw.limit_in_bytes` | `RLIMIT_DATA` on bubblewrap, when no cgroup limits memory | the server's memory budget admits runs by it (`exec/admission.rs`) | `memory_limit`, "used more than its M MiB memory limit" (counted: `memory.events` / `memory.oom_control`); under rlimits an allocation fails in the program |
+//! | `pids` | `pids.max` | `pids.max` | `RLIMIT_NPROC` on the sandbox's init, when no cgroup limits processes | — | `process_limit`, "hit its limit of P processes and threads" (counted: `pids.events`); under rlimits a fork fails in the program |
+//! | `cpu_seconds` | counted: `cpu.stat` | counted: `cpuacct.usage` | `RLIMIT_CPU` on bubblewrap (per process) | the supervisor kills at the group's total | `cpu_limit`, "used more than its S s of CPU time" |
+//! | `cpus` | `cpu.max` | `cpu.cfs_quota_us` over `cpu.cfs_period_us` | — | — | nothing: the run is slowed, not ended |
+//! | `file_size_mb` | — | — | `RLIMIT_FSIZE` on bubblewrap | — | `file_size_limit`, "a file grew beyond the F MiB file size limit" |
+//! | `open_files` | — | — | `RLIMIT_NOFILE` on bubblewrap | — | nothing: `open` fails with EMFILE in the program |
+//! | `workspace_mb` | — | — | — | the size of the nest's one staged tmpfs, else bubblewrap's `--size` on each tmpfs (`jail/plan.rs`) | nothing: writes fail with ENOSPC in the program |
+//! | `workspace_files` | — | — | — | `nr_inodes` of the nest's staged tmpfs (`exec/nest/stage.rs`) | nothing: creating fails with ENOSPC in the program |
+//! | `output_bytes` | — | — | — | the capture keeps this much of each stream (`exec/capture.rs`) | the middle cut: "[... N bytes omitted ...]" |
+//! | `output_limit_mb` | — | — | — | the supervisor counts every stream | `output_limit`, "wrote more than O MiB of output" |
+//! | (core dumps) | — | — | `RLIMIT_CORE` = 0 | — | — |
 
 mod cgroup_v1;
 mod cgroup_v2;
 mod detect;
 mod groups;
 mod rlimits;
+mod values;
 
 pub mod systemd;
 
@@ -18,10 +36,10 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use crate::environment::Limits;
 pub use detect::WithoutV2;
 use groups::{Group, GroupPool};
 pub use rlimits::Rlimit;
+pub use values::Limits;
 
 /// What the memory limit is without a cgroup, said wherever the limits are
 /// described: RLIMIT_DATA counts a process's private memory only.

@@ -7,7 +7,7 @@
 //! namespace, where set on bubblewrap it would count every process the
 //! host user has, and fail under load.
 
-use crate::environment::Limits;
+use crate::limits::Limits;
 
 /// One resource limit, applied to bubblewrap (and so to everything it starts)
 /// before it sets the sandbox up.

@@ -9,7 +9,8 @@ use std::path::{Component, Path, PathBuf};
 use serde::Deserialize;
 
 use crate::config::{LimitSettings, is_valid_env_name};
-use crate::environment::{Environment, InterpreterKind, Limits, Origin, RootFs};
+use crate::environment::{Environment, InterpreterKind, Origin, RootFs};
+use crate::limits::Limits;
 
 pub const MANIFEST: &str = "manifest.json";
 /// The manifest versions this daemon understands.

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{Config, EnvironmentSettings};
-use crate::environment::{Environment, Limits};
+use crate::environment::Environment;
+use crate::limits::Limits;
 
 pub mod artifact;
 mod artifact_dirs;

@@ -18,7 +18,7 @@ use crate::audit::CommandEntry;
 use crate::commands::confirm::{self, Answer, Redeemed};
 use crate::commands::invocation::{self, InvalidArguments};
 use crate::commands::{Commands, Offered, ResolvedInvocation};
-use crate::exec::{Argv, ExecError, Outcome, Request};
+use crate::exec::{Argv, ExecError, Outcome, Request, SetupFailure};
 
 impl SandboxServer {
     /// Handles a call of a declared command's tool.
@@ -397,7 +397,10 @@ fn invalid_arguments(offered: &Offered, e: InvalidArguments) -> ToolError {
 /// environment.
 fn start_error(inv: &ResolvedInvocation, e: &ExecError) -> ToolError {
     match e {
-        ExecError::Setup(message) if message.contains("execvp") => ToolError::new(
+        ExecError::Setup {
+            failure: SetupFailure::CommandNotStarted,
+            message,
+        } => ToolError::new(
             ErrorCode::SandboxUnavailable,
             format!("{} could not start {}: {message}", inv.command, inv.argv[0]),
             format!(

@@ -1,8 +1,9 @@
 //! The MCP surface: the `run` and `job` tools and the tools of declared
 //! commands (`commands.rs`) over rmcp, argument checks with errors a model
-//! can act on, progress and cancellation of calls, and the translation of
-//! runs and jobs into tool results; the project the client's roots name
-//! (`roots.rs`). Knows the registry, the executor, the job table and the
+//! can act on (`errors.rs` for the executor's and sessions' failures),
+//! progress (`progress.rs`) and cancellation of calls, and the translation
+//! of runs and jobs into tool results (`result.rs`); the project the
+//! client's roots name (`roots.rs`). Knows the registry, the executor, the job table and the
 //! declared commands only through their public interfaces.
 
 use std::borrow::Cow;
@@ -13,8 +14,8 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
     Implementation, JsonObject, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressToken, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    ServerCapabilities, ServerConfig, Tool,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
@@ -23,14 +24,15 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::{self, AuditLog};
 use crate::config::Config;
 use crate::environment::Environment;
-use crate::exec::{ExecError, Executor, Observer, Outcome, Request};
+use crate::exec::{Executor, Observer, Outcome, Request};
 use crate::jobs::Jobs;
 use crate::registry::{Builds, Gathered, Registry};
-use crate::sessions::{SessionError, SessionOutcome, Sessions, Start};
+use crate::sessions::{SessionOutcome, Sessions, Start};
 
 mod arguments;
 mod commands;
 mod environments;
+mod errors;
 pub mod framing;
 mod job_result;
 mod job_tool;
@@ -41,6 +43,8 @@ mod roots;
 pub mod tool;
 mod uri;
 
+pub use errors::exec_error;
+use progress::Progress;
 pub use roots::ProjectState;
 
 use crate::sync::Recover;
@@ -108,56 +112,6 @@ pub struct SandboxServer {
     switching: Arc<tokio::sync::Mutex<()>>,
     /// The task offering environments as their Nix builds end.
     building: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
-}
-
-/// Where a call reports progress, when the client asked for it.
-struct Progress {
-    peer: Peer<RoleServer>,
-    token: ProgressToken,
-    /// How long an earlier phase of the call (a question to the user) has
-    /// already reported.
-    before: Duration,
-}
-
-impl Progress {
-    /// Reports a run's live output until the returned task is aborted.
-    fn report(self, live: &Arc<progress::Live>, limit: Duration) -> tokio::task::JoinHandle<()> {
-        let live = live.clone();
-        progress::report(
-            self.peer,
-            self.token,
-            move |elapsed| live.message(elapsed, limit),
-            limit,
-            self.before,
-        )
-    }
-
-    /// Reports a wait for the user's answer about `tool` until the returned
-    /// task is aborted.
-    fn waiting(&self, tool: &str, limit: Duration) -> tokio::task::JoinHandle<()> {
-        let tool = tool.to_string();
-        progress::report(
-            self.peer.clone(),
-            self.token.clone(),
-            move |elapsed| {
-                format!(
-                    "waiting for the user to confirm {tool}: {:.0} s of {:.0} s",
-                    elapsed.as_secs_f64(),
-                    limit.as_secs_f64()
-                )
-            },
-            limit,
-            self.before,
-        )
-    }
-
-    /// The same, for the phase that follows one of `took`.
-    fn after(self, took: Duration) -> Progress {
-        Progress {
-            before: self.before + took,
-            ..self
-        }
-    }
 }
 
 impl SandboxServer {
@@ -379,54 +333,6 @@ impl SandboxServer {
         }
     }
 
-    /// The error a model can act on for a session that cannot take the call.
-    fn session_error(&self, name: &str, env: &Environment, e: SessionError) -> ToolError {
-        let message = e.to_string();
-        match e {
-            SessionError::Unsupported(_) => {
-                let registry = self.shared.registry();
-                let capable: Vec<&str> = registry
-                    .iter()
-                    .filter(|e| e.kind.is_some())
-                    .map(|e| e.name.as_str())
-                    .collect();
-                ToolError::new(
-                    ErrorCode::InvalidInput,
-                    message,
-                    if capable.is_empty() {
-                        "Run without `session`.".to_string()
-                    } else {
-                        format!(
-                            "Run without `session`, or use a session with env {}.",
-                            capable.join(", ")
-                        )
-                    },
-                )
-            }
-            SessionError::OtherEnv { env: owner, .. } => ToolError::new(
-                ErrorCode::SessionMismatch,
-                message,
-                format!(
-                    "Use env {owner} with session {name:?}, or give the {} session another name.",
-                    env.name
-                ),
-            ),
-            SessionError::Gone { .. } => ToolError::new(
-                ErrorCode::SessionExpired,
-                message,
-                format!(
-                    "Call again with session {name:?} to start a fresh one (redo the setup it needs), or use a new name."
-                ),
-            ),
-            SessionError::Full { .. } => ToolError::new(
-                ErrorCode::Busy,
-                message,
-                "Retry when a call in one of them has finished, or run without `session`.",
-            ),
-            SessionError::Exec(e) => exec_error(&e),
-        }
-    }
-
     fn audit(
         &self,
         env: &Environment,
@@ -464,36 +370,6 @@ fn check_session_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 const JOB_SHAPE: &str = "Call job with no arguments to list jobs, or {\"id\": \"job-1\", \"wait_seconds\": 30} to wait for one and read its new output.";
-
-pub fn exec_error(e: &ExecError) -> ToolError {
-    match e {
-        ExecError::Busy { .. } => ToolError::new(
-            ErrorCode::Busy,
-            format!("the server is busy: {e}"),
-            "Retry in a few seconds.",
-        ),
-        ExecError::CancelledWhileQueued => ToolError::new(
-            ErrorCode::Cancelled,
-            e.to_string(),
-            "Run it again if you still need the result.",
-        ),
-        ExecError::CodeTooLarge { .. } => ToolError::new(
-            ErrorCode::InvalidInput,
-            e.to_string(),
-            "Send less code: generate large data inside the sandbox instead of inlining it.",
-        ),
-        ExecError::OverBudget { .. } => ToolError::new(
-            ErrorCode::SandboxUnavailable,
-            e.to_string(),
-            "This is the server's configuration, not the code: tell the user to raise [server] memory_budget_mb or lower the environment's memory_mb.",
-        ),
-        ExecError::Spawn(_) | ExecError::Setup(_) => ToolError::new(
-            ErrorCode::SandboxUnavailable,
-            e.to_string(),
-            "This is a problem of the server's host or configuration, not of the code; tell the user to run `nix-sandbox-mcp doctor`.",
-        ),
-    }
-}
 
 /// A token cancelled when either input is (or when the caller cancels it).
 pub fn either_cancelled(a: &CancellationToken, b: &CancellationToken) -> CancellationToken {

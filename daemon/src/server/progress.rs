@@ -1,10 +1,11 @@
 //! Progress of a running call: counts its output as it arrives and sends
 //! `notifications/progress` at the start and about every second (elapsed
 //! time against the time limit, bytes and lines per stream, the last line),
-//! which also keeps clients with short request timeouts waiting.
+//! which also keeps clients with short request timeouts waiting. A call's
+//! [`Progress`] is where it reports, when the client asked for it.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
@@ -115,6 +116,56 @@ pub fn report(
             }
         }
     })
+}
+
+/// Where a call reports progress, when the client asked for it.
+pub(super) struct Progress {
+    pub(super) peer: Peer<RoleServer>,
+    pub(super) token: ProgressToken,
+    /// How long an earlier phase of the call (a question to the user) has
+    /// already reported.
+    pub(super) before: Duration,
+}
+
+impl Progress {
+    /// Reports a run's live output until the returned task is aborted.
+    pub(super) fn report(self, live: &Arc<Live>, limit: Duration) -> tokio::task::JoinHandle<()> {
+        let live = live.clone();
+        report(
+            self.peer,
+            self.token,
+            move |elapsed| live.message(elapsed, limit),
+            limit,
+            self.before,
+        )
+    }
+
+    /// Reports a wait for the user's answer about `tool` until the returned
+    /// task is aborted.
+    pub(super) fn waiting(&self, tool: &str, limit: Duration) -> tokio::task::JoinHandle<()> {
+        let tool = tool.to_string();
+        report(
+            self.peer.clone(),
+            self.token.clone(),
+            move |elapsed| {
+                format!(
+                    "waiting for the user to confirm {tool}: {:.0} s of {:.0} s",
+                    elapsed.as_secs_f64(),
+                    limit.as_secs_f64()
+                )
+            },
+            limit,
+            self.before,
+        )
+    }
+
+    /// The same, for the phase that follows one of `took`.
+    pub(super) fn after(self, took: Duration) -> Progress {
+        Progress {
+            before: self.before + took,
+            ..self
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Map, Value, json};
 
 use crate::changes::Note;
-use crate::environment::Limits;
 use crate::exec::ending::{Ending, Subject, signal_name};
 use crate::exec::{LimitKind, Outcome};
+use crate::limits::Limits;
 
 /// Stable, machine-readable error codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

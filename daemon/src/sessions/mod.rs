@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::environment::{Environment, InterpreterKind};
 use crate::exec::ending::{Ending, Subject, signal_name};
 use crate::exec::{
-    AgentRequest, Counted, End, ExecError, Executor, Observer, Outcome, Sandbox, Watch, supervise,
+    AgentRequest, Counted, End, ExecError, Executor, Observer, Outcome, Sandbox, SetupFailure,
+    Watch, supervise,
 };
 use crate::jail::ProjectMount;
 use crate::sync::Recover;
@@ -272,7 +273,7 @@ impl Sessions {
                 program: agent::program_for(kind).as_bytes(),
             })
             .await?;
-        let limits = crate::environment::Limits {
+        let limits = crate::limits::Limits {
             timeout: START_LIMIT,
             ..env.limits
         };
@@ -292,11 +293,14 @@ impl Sessions {
         // Say what the interpreter printed, if anything.
         sandbox.kill().await;
         let detail = started.stderr.text.trim().to_string();
-        Err(SessionError::Exec(ExecError::Setup(if detail.is_empty() {
-            "the session's interpreter did not start".to_string()
-        } else {
-            detail
-        })))
+        Err(SessionError::Exec(ExecError::Setup {
+            failure: SetupFailure::InterpreterNotReady,
+            message: if detail.is_empty() {
+                "the session's interpreter did not start".to_string()
+            } else {
+                detail
+            },
+        }))
     }
 
     /// Closes sessions idle or older than the limits; returns how many.

@@ -20,6 +20,7 @@
 //! AppArmor policy), or overlayfs in one (Linux before 5.11), the nest or
 //! the overlay is unavailable, and the daemon says so and falls back.
 
+mod dev;
 pub mod holder;
 mod idmap;
 pub mod network;

@@ -20,7 +20,8 @@ use std::path::PathBuf;
 
 use super::source::{Context, Loaded, Offer, Role, Source};
 use crate::config::{Config, EnvironmentSettings, LimitSettings};
-use crate::environment::{Environment, InterpreterKind, Limits, Origin, RootFs};
+use crate::environment::{Environment, InterpreterKind, Origin, RootFs};
+use crate::limits::Limits;
 use find::Host;
 pub use probe::{describe_from_probe, probe_code};
 

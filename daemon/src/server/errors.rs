@@ -1,0 +1,93 @@
+//! The tool errors a model reads when exec or a session cannot take a
+//! call: each kind of failure with its code and what to do about it.
+
+use super::SandboxServer;
+use super::result::{ErrorCode, ToolError};
+use crate::environment::Environment;
+use crate::exec::ExecError;
+use crate::sessions::SessionError;
+
+impl SandboxServer {
+    /// The error a model can act on for a session that cannot take the call.
+    pub(super) fn session_error(
+        &self,
+        name: &str,
+        env: &Environment,
+        e: SessionError,
+    ) -> ToolError {
+        let message = e.to_string();
+        match e {
+            SessionError::Unsupported(_) => {
+                let registry = self.shared.registry();
+                let capable: Vec<&str> = registry
+                    .iter()
+                    .filter(|e| e.kind.is_some())
+                    .map(|e| e.name.as_str())
+                    .collect();
+                ToolError::new(
+                    ErrorCode::InvalidInput,
+                    message,
+                    if capable.is_empty() {
+                        "Run without `session`.".to_string()
+                    } else {
+                        format!(
+                            "Run without `session`, or use a session with env {}.",
+                            capable.join(", ")
+                        )
+                    },
+                )
+            }
+            SessionError::OtherEnv { env: owner, .. } => ToolError::new(
+                ErrorCode::SessionMismatch,
+                message,
+                format!(
+                    "Use env {owner} with session {name:?}, or give the {} session another name.",
+                    env.name
+                ),
+            ),
+            SessionError::Gone { .. } => ToolError::new(
+                ErrorCode::SessionExpired,
+                message,
+                format!(
+                    "Call again with session {name:?} to start a fresh one (redo the setup it needs), or use a new name."
+                ),
+            ),
+            SessionError::Full { .. } => ToolError::new(
+                ErrorCode::Busy,
+                message,
+                "Retry when a call in one of them has finished, or run without `session`.",
+            ),
+            SessionError::Exec(e) => exec_error(&e),
+        }
+    }
+}
+
+pub fn exec_error(e: &ExecError) -> ToolError {
+    match e {
+        ExecError::Busy { .. } => ToolError::new(
+            ErrorCode::Busy,
+            format!("the server is busy: {e}"),
+            "Retry in a few seconds.",
+        ),
+        ExecError::CancelledWhileQueued => ToolError::new(
+            ErrorCode::Cancelled,
+            e.to_string(),
+            "Run it again if you still need the result.",
+        ),
+        ExecError::CodeTooLarge { .. } => ToolError::new(
+            ErrorCode::InvalidInput,
+            e.to_string(),
+            "Send less code: generate large data inside the sandbox instead of inlining it.",
+        ),
+        ExecError::OverBudget { .. } => ToolError::new(
+            ErrorCode::SandboxUnavailable,
+            e.to_string(),
+            "This is the server's configuration, not the code: tell the user to raise [server] memory_budget_mb or lower the environment's memory_mb.",
+        ),
+        ExecError::Spawn { .. } | ExecError::Setup { .. } => ToolError::new(
+            ErrorCode::SandboxUnavailable,
+            e.to_string(),
+            "This is a problem of the server's host or configuration, not of the code; tell the user to run `nix-sandbox-mcp doctor`.",
+        ),
+    }
+}
