@@ -41,7 +41,7 @@ pytest_run() {
   "$@" -rs 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
-  grep -E '^SKIPPED ' "$log" | sed "s|^|tests/mcp ($(id -un)): |" >>"$skip_log" || true
+  grep -E '^SKIPPED ' "$log" | sed "s|^|tests/mcp ($(id -un), protocol ${NSM_PROTOCOL:-2025-11-25}): |" >>"$skip_log" || true
   rm -f "$log"
   return "$rc"
 }
@@ -88,8 +88,17 @@ if [ ! -x "$venv/bin/python" ] || ! grep -q "^home = $(dirname "$python")\$" "$v
   "$python" -m venv "$venv"
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/mcp/requirements.txt
-(cd tests/mcp && NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest)
-tier_ran "MCP suite as $(id -un)"
+# Once per protocol revision: a client with the `initialize` handshake
+# (2025-11-25), then a stateless one (2026-07-28).
+for protocol in 2025-11-25 2026-07-28; do
+  step "MCP client suite, protocol $protocol"
+  (cd tests/mcp && NSM_PROTOCOL=$protocol NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest)
+  tier_ran "MCP suite as $(id -un), protocol $protocol"
+done
+
+step "MCP client: the official TypeScript SDK (2025-11-25)"
+(cd tests/ts && npm ci --silent --no-audit --no-fund && NSM_BIN=$bin node client.mjs)
+tier_ran "TypeScript SDK client"
 
 # Most users run the server as themselves, without a cgroup of their own:
 # limits then fall back to rlimits. Run the load, hostile and session suites
@@ -101,9 +110,11 @@ if [ "$(id -u)" = 0 ]; then
   user_log=$(mktemp)
   chmod 666 "$user_log"
   cleanup+=("$user_log")
-  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_load.py test_hostile.py test_hostile_project.py test_lifetime.py test_switches.py test_containers.py test_root_project.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
-  grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user): |" >>"$skip_log" || true
-  tier_ran "MCP suite as $user (rlimits)"
+  for protocol in 2025-11-25 2026-07-28; do
+    su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_PROTOCOL=$protocol NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_load.py test_hostile.py test_hostile_project.py test_lifetime.py test_switches.py test_containers.py test_root_project.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py test_commands.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
+    grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, $protocol): |" >>"$skip_log" || true
+    tier_ran "MCP suite as $user (rlimits), protocol $protocol"
+  done
 else
   tier_skipped "non-root tier" nonroot "this run already is one (uid $(id -u))"
 fi

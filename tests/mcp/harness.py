@@ -30,6 +30,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("NSM_BIN", str(ROOT / "target" / "debug" / "nix-sandbox-mcp"))
 # "closure" when the environments are Nix artifacts (no host /usr inside).
 MODE = os.environ.get("NSM_MODE", "host")
+# The protocol revision the tests speak: "2025-11-25" (an `initialize`
+# handshake) or "2026-07-28" (stateless: `server/discover`, then `_meta` on
+# every request). test-local.sh runs the suite once with each.
+PROTOCOL = os.environ.get("NSM_PROTOCOL", "2025-11-25")
+if PROTOCOL not in ("2025-11-25", "2026-07-28"):
+    raise SystemExit(f"NSM_PROTOCOL={PROTOCOL!r}: expected 2025-11-25 or 2026-07-28")
+STATELESS = PROTOCOL == "2026-07-28"
 PASSTHROUGH = ("NIX_SANDBOX_DIR", "NIX_SANDBOX_ENVS", "NIX_SANDBOX_BUILTIN", "NIX_SANDBOX_LIMITS", "NIX_STORE_DIR", "RUST_LOG",
                "XDG_CONFIG_HOME")
 
@@ -124,8 +131,73 @@ async def session(**kwargs: Any) -> AsyncIterator[ClientSession]:
         ctx = stdio_client(server_params(**kwargs), errlog=errlog) if errlog else stdio_client(server_params(**kwargs))
         async with ctx as (r, w):
             async with ClientSession(r, w) as s:
-                await s.initialize()
+                await start(s)
                 yield s
+
+
+async def start(s: ClientSession) -> None:
+    """Begins talking to the server in the revision the tests speak."""
+    if STATELESS:
+        result = await s.discover()
+        assert result.supported_versions and PROTOCOL in result.supported_versions, result
+    else:
+        await s.initialize()
+
+
+async def call_tool(s: ClientSession, name: str, args: dict | None = None, **kw: Any) -> types.CallToolResult:
+    """Calls a tool as a client does: under the stateless revision an
+    `input_required` answer goes through the session's callbacks (the
+    elicitation callback for a question) and the call is made again with
+    the answers and the state, as the SDK's high-level client does."""
+    if not STATELESS:
+        return await s.call_tool(name, args or {}, **kw)
+    from mcp.client._input_required import run_input_required_driver
+    from mcp.client.context import ClientRequestContext
+
+    async def retry(responses: Any, state: str | None) -> Any:
+        return await s.call_tool(name, args or {}, input_responses=responses, request_state=state,
+                                 allow_input_required=True, **kw)
+
+    async def dispatch(key: str, req: Any) -> Any:
+        ctx = ClientRequestContext(session=s, request_id=key, meta=req.params.meta if req.params else None)
+        return await s.dispatch_input_request(ctx, req)
+
+    first = await retry(None, None)
+    if not isinstance(first, types.InputRequiredResult):
+        return first
+    return await run_input_required_driver(first, dispatch=dispatch, retry=retry)
+
+
+@contextlib.asynccontextmanager
+async def tool_changes(s: ClientSession, notes: list) -> AsyncIterator[None]:
+    """While open, each `notifications/tools/list_changed` the server sends
+    is in `notes`: under 2025-11-25 the session's message handler (the
+    caller's) puts them there; under 2026-07-28 they come on a
+    `subscriptions/listen` stream this opens, and are put there as the same
+    notification."""
+    if not STATELESS:
+        yield
+        return
+    from mcp.client.subscriptions import listen
+    from mcp.shared.subscriptions import ToolsListChanged
+    async with listen(s, tools_list_changed=True) as sub:
+        assert sub.honored.tools_list_changed, sub.honored
+        async with anyio.create_task_group() as tg:
+            async def collect() -> None:
+                async for event in sub:
+                    if isinstance(event, ToolsListChanged):
+                        notes.append(types.ToolListChangedNotification())
+            tg.start_soon(collect)
+            yield
+            tg.cancel_scope.cancel()
+
+
+def legacy_only(why: str) -> None:
+    """Skips the calling test under the stateless revision, which lacks
+    what it exercises (`why`)."""
+    if STATELESS:
+        import pytest
+        pytest.skip(f"2025-11-25 only: {why}")
 
 
 class RootsClient:
@@ -156,6 +228,7 @@ async def roots_session(client: RootsClient, cwd: pathlib.Path, project: str = "
                         config: str | None = None) -> AsyncIterator[ClientSession]:
     """A session of a client that lists `client.roots` (none: no roots
     capability), with the server started in `cwd`; no PROJECT_DIR unless `project`."""
+    legacy_only("roots/list is a server-to-client request, which the stateless revision has not")
     params = server_params(project=project, cwd=str(cwd), env=env, config=config)
     with open(os.devnull, "w") if not os.environ.get("NSM_SHOW_SERVER_LOG") else contextlib.nullcontext(None) as errlog:
         ctx = stdio_client(params, errlog=errlog) if errlog else stdio_client(params)
@@ -249,6 +322,14 @@ def dump(v: Any) -> str:
     return json.dumps(v, indent=1)[:4000]
 
 
+# What every request carries under the stateless revision.
+STATELESS_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+}
+
+
 class RawServer:
     """The server driven with hand-written JSON-RPC lines. Its log goes to a
     file, whose end a failed `recv` shows."""
@@ -261,12 +342,22 @@ class RawServer:
         # Lines read from the server but not yet returned: replies that
         # arrive together come in one read.
         self.pending = b""
+        if STATELESS:
+            self.send({"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {}})
+            assert PROTOCOL in self.recv()["result"]["supportedVersions"]
+            return
         self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
         assert self.recv()["result"]["protocolVersion"] == "2025-11-25"
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     def send(self, msg) -> None:
+        """Sends `msg`: bytes or a string as they are; a request as a dict
+        with, under the stateless revision, the `_meta` it requires."""
+        if isinstance(msg, dict) and STATELESS and "method" in msg and "id" in msg:
+            params = msg.setdefault("params", {})
+            if isinstance(params, dict):
+                params.setdefault("_meta", {}).update(STATELESS_META)
         line = msg if isinstance(msg, (bytes, str)) else json.dumps(msg)
         self.proc.stdin.write(line.encode() if isinstance(line, str) else line)
         self.proc.stdin.write(b"\n")

@@ -16,16 +16,63 @@ import uuid
 
 import pytest
 
-from harness import (BIN, HostListeners, MODE, RawServer, call, dump, fixture_project, limits_mechanism, processes_with, run_async,
-                     session, var_tmpdir, write_config)
+from harness import (BIN, HostListeners, MODE, PROTOCOL, RawServer, STATELESS, call, dump, fixture_project, limits_mechanism,
+                     processes_with, run_async, server_params, session, var_tmpdir, write_config)
 
 ENVS = ("bash", "node", "python")
 
 
-def test_initialize_negotiates_2025_11_25_and_lists_every_env():
+@pytest.mark.parametrize("mode,revision", [("auto", "2026-07-28"), ("legacy", "2025-11-25")])
+def test_the_sdk_s_own_client_gets_the_revision_it_asks_for(mode, revision):
+    """The Python SDK's high-level client: by default it asks server/discover
+    and speaks 2026-07-28; forced to the handshake, 2025-11-25. Either way
+    the tools are listed and a run works."""
+    from mcp.client.client import Client
+
+    async def t():
+        async with Client(server_params(), mode=mode) as c:
+            assert c.protocol_version == revision, c.protocol_version
+            tools = [t.name for t in (await c.list_tools()).tools]
+            assert tools[:2] == ["run", "job"], tools
+            res = await c.call_tool("run", {"env": "bash", "code": "echo $((6 * 7))"})
+            assert not res.is_error and res.structured_content["stdout"] == "42\n", res
+    run_async(t)
+
+
+def test_every_result_says_what_produced_it():
+    """structuredContent.ran and _meta name the environment (where it comes
+    from, with its versions) and the server; under 2026-07-28, _meta names
+    the server as the revision asks, on list results too."""
+    version = subprocess.run([BIN, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    envs = {e["name"]: e for e in json.loads(subprocess.run([BIN, "envs", "--json"], capture_output=True, text=True,
+                                                               env={**os.environ, **(server_params().env or {})},
+                                                               check=True).stdout)["environments"]}
+
     async def t():
         async with session() as s:
-            assert s.protocol_version == "2025-11-25"
+            res = await s.call_tool("run", {"env": "python", "code": "print(1)"})
+            ran = res.structured_content["ran"]
+            assert ran["server"] == version and ran["environment"] == "python", ran
+            assert ran["source"] == ("host" if MODE == "host" else "nix"), ran
+            assert ran["path"] in envs["python"]["source"] and ran["description"] == envs["python"]["description"], (ran, envs)
+            assert res.meta["nix-sandbox-mcp/ran"] == ran, res.meta
+            # Before an environment was chosen: the server alone.
+            res = await s.call_tool("run", {"env": "no-such-env", "code": "1"})
+            assert res.is_error and res.structured_content["ran"] == {"server": version}, res
+            listed = await s.list_tools()
+            info = (listed.meta or {}).get("io.modelcontextprotocol/serverInfo")
+            if STATELESS:
+                assert res.meta["io.modelcontextprotocol/serverInfo"]["name"] == "nix-sandbox-mcp", res.meta
+                assert info and info["version"] == version.split()[1], listed.meta
+            else:
+                assert info is None and "io.modelcontextprotocol/serverInfo" not in res.meta, res.meta
+    run_async(t)
+
+
+def test_the_revision_the_client_speaks_is_served_and_lists_every_env():
+    async def t():
+        async with session() as s:
+            assert s.protocol_version == PROTOCOL
             assert "env" in (s.instructions or "")
             tools = (await s.list_tools()).tools
             assert [t.name for t in tools][0] == "run"

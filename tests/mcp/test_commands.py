@@ -23,7 +23,8 @@ from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import stdio_client
 
-from harness import BIN, dump, processes_with, readable_tmpdir, require_test_knobs, run_async, server_params, write_config
+from harness import (BIN, STATELESS, call_tool, dump, legacy_only, processes_with, readable_tmpdir, require_test_knobs,
+                     run_async, server_params, start, tool_changes, write_config)
 
 require_test_knobs()
 
@@ -70,12 +71,12 @@ async def client(config: str | None = None, project: pathlib.Path | None = None,
         ctx = stdio_client(params, errlog=errlog) if errlog else stdio_client(params)
         async with ctx as (r, w):
             async with ClientSession(r, w, elicitation_callback=elicit, message_handler=on_message) as s:
-                await s.initialize()
+                await start(s)
                 yield s
 
 
 async def call(s: ClientSession, tool: str, args: dict | None = None, **kw: Any) -> tuple[dict, str, bool]:
-    res = await s.call_tool(tool, args or {}, **kw)
+    res = await call_tool(s, tool, args, **kw)
     text = "".join(getattr(c, "text", "") for c in res.content)
     return res.structured_content or {}, text, bool(res.is_error)
 
@@ -388,6 +389,7 @@ def test_a_call_waiting_for_the_users_answer_reports_progress():
     """While the user thinks, the call reports that it waits for them (which
     keeps clients with short request timeouts waiting); once they agree, the
     run's progress goes on from there: the values only grow."""
+    legacy_only("under 2026-07-28 the question goes back in the result, and the client, not the server, waits for the user")
     config, _ = confirmed_config()
     updates: list[tuple[float, float | None, str | None]] = []
 
@@ -410,10 +412,12 @@ def test_a_call_waiting_for_the_users_answer_reports_progress():
 
 
 def test_an_unanswered_question_expires_and_runs_nothing():
+    """The question lasts 1.5 s here; the user answers after 3 s (under
+    2026-07-28, the retry then brings an expired state)."""
     config, audit = confirmed_config()
 
     async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        await anyio.sleep(30)
+        await anyio.sleep(3)
         return types.ElicitResult(action="accept", content={"approve": True})
 
     async def t():
@@ -480,7 +484,7 @@ argv = ["ls", "src"]
     notes: list[Any] = []
 
     async def t():
-        async with client(project=proj, notifications=notes) as s:
+        async with client(project=proj, notifications=notes) as s, tool_changes(s, notes):
             assert s.server_capabilities.tools.list_changed is True
             names = [t.name for t in (await s.list_tools()).tools]
             assert names[2:] == ["list"], names
@@ -529,4 +533,137 @@ def test_a_read_write_project_s_declaration_file_is_ignored():
     async def t():
         async with client(config=config, project=proj) as s:
             assert [t.name for t in (await s.list_tools()).tools] == ["run", "job"]
+    run_async(t)
+
+
+# --- Confirmation in rounds (2026-07-28): the question in the result, a
+# sealed requestState, and every way a state can be refused. Driven by hand
+# (the first round, then retries with chosen answers and states).
+
+def stateless_only() -> None:
+    if not STATELESS:
+        pytest.skip("2026-07-28 only: runs in the stateless pass of the suite")
+
+
+async def first_round(s: ClientSession, args: dict) -> types.InputRequiredResult:
+    first = await s.call_tool("deploy", args, allow_input_required=True)
+    assert isinstance(first, types.InputRequiredResult), first
+    assert list(first.input_requests) == ["confirm"] and first.request_state, first
+    return first
+
+
+async def answer(s: ClientSession, args: dict, state: str | None, action: str = "accept",
+                 approve: bool = True) -> tuple[dict, bool]:
+    content = {"approve": approve} if action == "accept" else None
+    res = await s.call_tool("deploy", args, input_responses={"confirm": {"action": action, "content": content}},
+                            request_state=state, allow_input_required=True)
+    assert isinstance(res, types.CallToolResult), res
+    return res.structured_content or {}, bool(res.is_error)
+
+
+def never(*_: Any) -> Any:
+    raise AssertionError("the server must not ask the client anything under 2026-07-28")
+
+
+def test_the_question_comes_back_in_the_result_and_the_answer_runs_it_once():
+    stateless_only()
+    config, audit = confirmed_config()
+    args = {"branch": "main"}
+
+    async def t():
+        async with client(config=config, project=make_project(), elicit=never) as s:
+            first = await first_round(s, args)
+            question = first.input_requests["confirm"].params
+            assert "echo deploying main" in question.message and "environment bash" in question.message, question
+            assert "network off" in question.message and "a copy of the project" in question.message, question
+            assert question.requested_schema["properties"]["approve"]["type"] == "boolean"
+            sc, err = await answer(s, args, first.request_state)
+            assert not err and sc["stdout"] == "deploying main\n", dump(sc)
+            # The same state again: used.
+            sc, err = await answer(s, args, first.request_state)
+            assert err and sc["error"]["code"] == "confirmation_invalid" and "already used" in sc["error"]["message"], dump(sc)
+            assert "nothing ran" in sc["error"]["message"] and "stdout" not in sc, dump(sc)
+            # A retry that does not answer is asked again, with a new state.
+            first = await first_round(s, args)
+            again = await s.call_tool("deploy", args, request_state=first.request_state, allow_input_required=True)
+            assert isinstance(again, types.InputRequiredResult) and again.request_state != first.request_state, again
+    run_async(t)
+    events = [e["event"] for e in audit_events(audit)]
+    assert events == ["asked", "confirmed", "run", "refused", "asked", "asked"], events
+
+
+@pytest.mark.parametrize("tamper", ["altered", "made up", "other arguments", "other server"])
+def test_a_state_that_is_not_this_calls_runs_nothing(tamper):
+    stateless_only()
+    config, audit = confirmed_config()
+    args = {"branch": "main"}
+    words = {"altered": "not issued by this server", "made up": "not issued by this server",
+             "other arguments": "another command or other arguments", "other server": "not issued by this server"}[tamper]
+
+    async def t():
+        async with client(config=config, project=make_project(), elicit=never) as s:
+            state = (await first_round(s, args)).request_state
+            retry_args = args
+            if tamper == "altered":
+                middle = len(state) // 2
+                state = state[:middle] + ("A" if state[middle] != "A" else "B") + state[middle + 1:]
+            elif tamper == "made up":
+                state = "rs1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+            elif tamper == "other arguments":
+                retry_args = {"branch": "prod"}
+            else:
+                # Another server (another key), asked the same question.
+                async with client(config=config, project=make_project(), elicit=never) as other:
+                    state = (await first_round(other, args)).request_state
+            sc, err = await answer(s, retry_args, state)
+            assert err and sc["error"]["code"] == "confirmation_invalid" and words in sc["error"]["message"], dump(sc)
+            assert "nothing ran" in sc["error"]["message"] and "stdout" not in sc, dump(sc)
+    run_async(t)
+    assert "run" not in [e["event"] for e in audit_events(audit)]
+
+
+def test_an_expired_state_runs_nothing():
+    """States last as long as the question (1.5 s here); the answer comes
+    after 3 s."""
+    stateless_only()
+    config, audit = confirmed_config()
+    args = {"branch": "main"}
+
+    async def t():
+        async with client(config=config, project=make_project(), elicit=never,
+                          env={"NIX_SANDBOX_TEST_CONFIRM_TTL_MS": "1500"}) as s:
+            state = (await first_round(s, args)).request_state
+            await anyio.sleep(3)
+            sc, err = await answer(s, args, state)
+            assert err and sc["error"]["code"] == "confirmation_expired" and "expired" in sc["error"]["message"], dump(sc)
+    run_async(t)
+    assert [e["event"] for e in audit_events(audit)] == ["asked", "expired"]
+
+
+@pytest.mark.parametrize("action,approve", [("accept", False), ("decline", True), ("cancel", True)])
+def test_a_declined_answer_runs_nothing(action, approve):
+    stateless_only()
+    config, audit = confirmed_config()
+    args = {"branch": "main"}
+
+    async def t():
+        async with client(config=config, project=make_project(), elicit=never) as s:
+            state = (await first_round(s, args)).request_state
+            sc, err = await answer(s, args, state, action, approve)
+            assert err and sc["error"]["code"] == "confirmation_declined" and "nothing ran" in sc["error"]["message"], dump(sc)
+    run_async(t)
+    assert [e["event"] for e in audit_events(audit)] == ["asked", "declined"]
+
+
+def test_a_client_that_cannot_ask_gets_a_token_under_2026_too():
+    stateless_only()
+    config, _ = confirmed_config()
+
+    async def t():
+        async with client(config=config, project=make_project()) as s:
+            sc, _, err = await call(s, "deploy", {"branch": "main"})
+            assert err and sc["error"]["code"] == "confirmation_required", dump(sc)
+            conf = sc["confirmation"]
+            sc, _, err = await call(s, "confirm", {"token": conf["token"], "command": "deploy", "arguments": {"branch": "main"}})
+            assert not err and sc["stdout"] == "deploying main\n", dump(sc)
     run_async(t)

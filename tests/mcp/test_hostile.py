@@ -17,8 +17,8 @@ import uuid
 import anyio
 import pytest
 
-from harness import (BIN, HostListeners, RawServer, call, cpu_quota, dump, limits_mechanism, processes_with, readable_tmpdir, run_async,
-                     session, var_tmpdir, write_config, zombie_children)
+from harness import (BIN, STATELESS, STATELESS_META, HostListeners, RawServer, call, cpu_quota, dump, limits_mechanism,
+                     processes_with, readable_tmpdir, run_async, session, var_tmpdir, write_config, zombie_children)
 
 LIMITS = write_config(
     "[defaults]\ntimeout_ms = 4000\nmemory_mb = 128\npids = 64\nworkspace_mb = 16\noutput_limit_mb = 64\n"
@@ -573,15 +573,18 @@ def test_broken_and_oversized_requests_are_answered_with_their_ids():
             srv.send(line)
             r = srv.recv()
             assert r.get("id") == id_ and r["error"]["code"] == code and words in r["error"]["message"], r
-        run = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"run","arguments":{"env":"bash","code":"%s"}}}'
-        expect(run % (11, b"echo \\ud800"), 11, -32700, "not valid JSON")
-        expect(run % (12, b"echo \xff"), 12, -32700, "UTF-8")
+        # Under the stateless revision a request carries its _meta (the
+        # same bytes under 2025-11-25 are an empty one).
+        meta = json.dumps(STATELESS_META if STATELESS else {}).encode()
+        run = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"_meta":%s,"name":"run","arguments":{"env":"bash","code":"%s"}}}'
+        expect(run % (11, meta, b"echo \\ud800"), 11, -32700, "not valid JSON")
+        expect(run % (12, meta, b"echo \xff"), 12, -32700, "UTF-8")
         expect(b'{"jsonrpc":"2.0","id":13,"method":"tools/call","params":"x"}', 13, -32600, "params")
         expect(b'[{"jsonrpc":"2.0","id":14,"method":"ping"}]', None, -32600, "batches")
-        expect(b'{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"name":5}}', 15, -32602, "tools/call")
-        big = run % (16, b"x" * (16 * 1024 * 1024))
+        expect(b'{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"_meta":%s,"name":5}}' % meta, 15, -32602, "tools/call")
+        big = run % (16, meta, b"x" * (16 * 1024 * 1024))
         expect(big, 16, -32600, "16 MiB")
-        srv.send(run % (17, b"echo still serving"))
+        srv.send(run % (17, meta, b"echo still serving"))
         r = srv.recv()
         assert r["id"] == 17 and r["result"]["structuredContent"]["stdout"] == "still serving\n", r
     finally:

@@ -10,9 +10,11 @@ import pathlib
 import urllib.parse
 import warnings
 
+import pytest
+
 from mcp.client.session import ClientSession
 
-from harness import RootsClient, call, readable_tmpdir, roots_session, run_async
+from harness import STATELESS, RootsClient, call, readable_tmpdir, roots_session, run_async, session
 
 
 def folder(name: str, marker: str, commands: str | None = None) -> pathlib.Path:
@@ -152,4 +154,20 @@ def test_a_client_without_roots_gets_the_working_directory():
         async with roots_session(RootsClient(None), cwd) as s:
             assert (await project_listing(s)).split() == ["cwd-marker"]
 
+    run_async(t)
+
+
+def test_a_stateless_client_gets_the_working_directory_and_is_never_asked_for_roots():
+    """Under 2026-07-28 the server sends no requests: without a configured
+    project it is the directory the server started in."""
+    if not STATELESS:
+        pytest.skip("2026-07-28 only: runs in the stateless pass of the suite")
+    cwd = readable_tmpdir()
+    (cwd / "here.txt").write_text("started here\n")
+    (cwd / "here.txt").chmod(0o644)
+
+    async def t():
+        async with session(project="", cwd=str(cwd)) as s:
+            sc, _, err = await call(s, "bash", "cat /project/here.txt")
+            assert not err and sc["stdout"] == "started here\n", sc
     run_async(t)

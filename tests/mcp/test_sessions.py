@@ -14,7 +14,8 @@ import uuid
 import anyio
 import pytest
 
-from harness import RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session, write_config
+from harness import (STATELESS, RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session,
+                     write_config)
 
 
 def marker() -> str:
@@ -75,7 +76,8 @@ def test_state_persists_between_calls(env):
     async def t():
         async with session() as s:
             sc = await ok(s, env, setup, "work")
-            assert sc["session"] == {"name": "work", "state": "new"}, dump(sc)
+            # Under 2026-07-28 it also has a handle (test_a_session_has_a_handle_…).
+            assert {k: v for k, v in sc["session"].items() if k != "handle"} == {"name": "work", "state": "new"}, dump(sc)
             sc = await ok(s, env, use, "work")
             assert sc["stdout"] == expected and sc["session"]["state"] == "continued", dump(sc)
             sc, text, _ = await call(s, env, use, session="work")
@@ -521,3 +523,34 @@ def test_sessions_die_with_the_server():
     while processes_with(m) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert processes_with(m) == []
+
+
+# --- Handles (2026-07-28): a session a call names gets a handle bound to the
+# caller; calls may name the handle or the name.
+
+def test_a_session_has_a_handle_that_reaches_it_and_nothing_else_does():
+    if not STATELESS:
+        pytest.skip("2026-07-28 only: runs in the stateless pass of the suite")
+    import re
+
+    async def t():
+        async with session() as s:
+            sc, _, err = await call(s, "python", "x = 41", session="work")
+            assert not err, dump(sc)
+            handle = sc["session"]["handle"]
+            assert re.fullmatch(r"s_[0-9a-f]{32}", handle) and sc["session"]["name"] == "work", dump(sc)
+            sc, _, err = await call(s, "python", "x += 1; print(x)", session=handle)
+            assert not err and sc["stdout"] == "42\n" and sc["session"]["state"] == "continued", dump(sc)
+            assert sc["session"]["handle"] == handle, dump(sc)
+            sc, _, err = await call(s, "python", "print(x)", session="work")
+            assert not err and sc["stdout"] == "42\n", dump(sc)
+            # A handle never issued: said so, and nothing runs.
+            sc, _, err = await call(s, "python", "print(x)", session="s_" + "0" * 32)
+            assert err and sc["error"]["code"] == "session_expired" and "never issued" in sc["error"]["message"], dump(sc)
+            # Another server's handle is one this server never issued.
+            async with session() as other:
+                theirs, _, err = await call(other, "python", "y = 1", session="work")
+                assert not err and theirs["session"]["handle"] != handle, dump(theirs)
+            sc, _, err = await call(s, "python", "print(y)", session=theirs["session"]["handle"])
+            assert err and sc["error"]["code"] == "session_expired", dump(sc)
+    run_async(t)

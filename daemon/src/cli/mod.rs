@@ -42,6 +42,11 @@ Calls may name a session to keep interpreter state (variables, the working \
 directory, /workspace) across calls, or run in the background as jobs read \
 with the job tool.
 
+It speaks MCP 2026-07-28 (stateless: server/discover, _meta on every \
+request) and 2025-11-25 (and older revisions with an initialize \
+handshake), whichever the client speaks; docs/protocol.md says what each \
+feature is under each.
+
 Without a configuration file it serves the host's bash, python3 and node \
 (host mode), found as the shell finds them: through pyenv, asdf, mise and \
 volta shims, a virtualenv or an nvm install first on PATH, whose directory \

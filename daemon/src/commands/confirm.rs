@@ -1,6 +1,7 @@
 //! Confirmation of `confirm = true` commands, two ways. Where the client can
 //! ask its user (MCP elicitation), the server asks with the exact argv and
-//! waits, bounded. Elsewhere it hands out a token: 32 random bytes from the
+//! waits, bounded (under 2026-07-28 the question goes back in the call's
+//! result instead, with a sealed state: `sealed.rs`). Elsewhere it hands out a token: 32 random bytes from the
 //! operating system, single use, expiring, bound to the digest of the exact
 //! invocation, compared in constant time, and kept only as a hash. A token
 //! never appears in a log or in the audit log.
@@ -13,7 +14,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rmcp::model::{
     CancelledNotificationParam, ClientCapabilities, ClientResult, ElicitRequest,
-    ElicitRequestParams, ElicitationAction, ElicitationSchema, ServerRequest,
+    ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema, ServerRequest,
 };
 use rmcp::service::{PeerRequestOptions, ServiceError};
 use rmcp::{Peer, RoleServer};
@@ -161,6 +162,41 @@ pub enum Answer {
 /// The property of the form the user approves with.
 const APPROVE: &str = "approve";
 
+/// The form that asks the user whether to run: `message`, and one yes/no
+/// field.
+pub fn question_form(message: String) -> Result<ElicitRequestParams, String> {
+    let schema = ElicitationSchema::builder()
+        .required_bool_with(APPROVE, |b| b.title("Run this command").with_default(true))
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message,
+        requested_schema: schema,
+    })
+}
+
+/// What the user's answer to [`question_form`] was.
+pub fn answer_of(r: &ElicitResult) -> Answer {
+    match r.action {
+        ElicitationAction::Accept => {
+            let approved = r
+                .content
+                .as_ref()
+                .and_then(|c| c.get(APPROVE))
+                .and_then(|v| v.as_bool())
+                == Some(true);
+            if approved {
+                Answer::Approved
+            } else {
+                Answer::Declined
+            }
+        }
+        ElicitationAction::Decline => Answer::Declined,
+        _ => Answer::Cancelled,
+    }
+}
+
 /// Asks the user, through the client, whether to run; waits at most `wait`
 /// and stops waiting (withdrawing the question) when `cancel` fires.
 pub async fn ask(
@@ -169,20 +205,11 @@ pub async fn ask(
     wait: Duration,
     cancel: &CancellationToken,
 ) -> Answer {
-    let schema = match ElicitationSchema::builder()
-        .required_bool_with(APPROVE, |b| b.title("Run this command").with_default(true))
-        .build()
-    {
-        Ok(s) => s,
-        Err(e) => return Answer::Failed(e.to_string()),
+    let form = match question_form(message) {
+        Ok(f) => f,
+        Err(e) => return Answer::Failed(e),
     };
-    let request = ServerRequest::ElicitRequest(ElicitRequest::new(
-        ElicitRequestParams::FormElicitationParams {
-            meta: None,
-            message,
-            requested_schema: schema,
-        },
-    ));
+    let request = ServerRequest::ElicitRequest(ElicitRequest::new(form));
     let handle = match peer
         .send_request_with_option(request, PeerRequestOptions::with_timeout(wait))
         .await
@@ -201,23 +228,7 @@ pub async fn ask(
         }
     };
     match response {
-        Ok(ClientResult::ElicitResult(r)) => match r.action {
-            ElicitationAction::Accept => {
-                let approved = r
-                    .content
-                    .as_ref()
-                    .and_then(|c| c.get(APPROVE))
-                    .and_then(|v| v.as_bool())
-                    == Some(true);
-                if approved {
-                    Answer::Approved
-                } else {
-                    Answer::Declined
-                }
-            }
-            ElicitationAction::Decline => Answer::Declined,
-            _ => Answer::Cancelled,
-        },
+        Ok(ClientResult::ElicitResult(r)) => answer_of(&r),
         Ok(_) => Answer::Failed("the client answered with something other than a form".into()),
         Err(ServiceError::Timeout { .. }) => Answer::TimedOut,
         Err(e) => Answer::Failed(e.to_string()),

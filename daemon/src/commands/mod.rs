@@ -5,7 +5,8 @@
 //! format and its validation (`declaration.rs`), the parameters and their
 //! checks (`params.rs`), building the argv without a shell and the digest
 //! of an invocation (`invocation.rs`), confirmation by question or token
-//! (`confirm.rs`), what the project's own file may declare (`trust.rs`),
+//! (`confirm.rs`) and the sealed state of a question asked in a result
+//! (`sealed.rs`), what the project's own file may declare (`trust.rs`),
 //! and reloading the project file (`watch.rs`). Knows
 //! environments only by name and the project only through its mount; the
 //! server runs the invocations and exec runs the argv.
@@ -15,6 +16,7 @@ pub mod declaration;
 pub mod invocation;
 pub mod params;
 mod project_file;
+pub mod sealed;
 pub mod trust;
 pub mod watch;
 

@@ -7,11 +7,12 @@
 use std::sync::Arc;
 
 use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, JsonObject};
+use rmcp::model::{CallToolResponse, CallToolResult, JsonObject};
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::confirm_rounds::Retry;
 use super::result::{self, ErrorCode, ToolError};
 use super::{Progress, SandboxServer, either_cancelled, exec_error, progress, tool};
 use crate::audit::CommandEntry;
@@ -19,30 +20,55 @@ use crate::commands::confirm::{self, Answer, Redeemed};
 use crate::commands::invocation::{self, InvalidArguments};
 use crate::commands::{Commands, Offered, ResolvedInvocation};
 use crate::exec::{Argv, ExecError, Outcome, Request, SetupFailure};
+use crate::jail::ProjectAccess;
 
 impl SandboxServer {
     /// Handles a call of a declared command's tool.
     /// `commands`: the set the call was found in (with its project).
+    /// `retry`: what a retried call of the stateless revision brings back.
     pub(super) async fn call_command(
         &self,
         commands: &Commands,
         offered: &Offered,
         args: Option<&JsonObject>,
+        retry: Retry<'_>,
         context: &RequestContext<RoleServer>,
         progress: Option<Progress>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         let inv = match invocation::resolve(&offered.command, args, commands.project()) {
             Ok(inv) => inv,
-            Err(e) => return result::error_result(&invalid_arguments(offered, e)),
+            Err(e) => return result::error_result(&invalid_arguments(offered, e)).into(),
         };
         if !offered.command.confirm {
             return self
                 .run_invocation(commands, &inv, context.ct.clone(), progress)
+                .await
+                .into();
+        }
+        if super::stateless(context) {
+            return self
+                .confirm_in_rounds(commands, offered, args, &inv, retry, context, progress)
                 .await;
         }
+        self.confirm_by_asking(commands, offered, args, &inv, context, progress)
+            .await
+            .into()
+    }
+
+    /// Confirmation under 2025-11-25: the server asks the client's user
+    /// (elicitation) and waits; without elicitation, a token.
+    async fn confirm_by_asking(
+        &self,
+        commands: &Commands,
+        offered: &Offered,
+        args: Option<&JsonObject>,
+        inv: &ResolvedInvocation,
+        context: &RequestContext<RoleServer>,
+        progress: Option<Progress>,
+    ) -> CallToolResult {
         let digest = inv.digest();
         if confirm::client_can_ask(context.client_capabilities().as_ref()) {
-            self.audit_command("asked", &inv, Some("elicitation"), None, None);
+            self.audit_command("asked", inv, Some("elicitation"), None, None);
             // Progress while the user thinks keeps clients with short
             // request timeouts waiting, and tells the agent why.
             let asked = std::time::Instant::now();
@@ -51,7 +77,7 @@ impl SandboxServer {
                 .map(|p| p.waiting(&offered.tool, commands.ask_timeout));
             let answer = confirm::ask(
                 &context.peer,
-                question(offered, &inv),
+                question(commands, offered, inv),
                 commands.ask_timeout,
                 &context.ct,
             )
@@ -61,10 +87,10 @@ impl SandboxServer {
             }
             let (event, error) = match answer {
                 Answer::Approved => {
-                    self.audit_command("confirmed", &inv, Some("elicitation"), None, None);
+                    self.audit_command("confirmed", inv, Some("elicitation"), None, None);
                     let progress = progress.map(|p| p.after(asked.elapsed()));
                     return self
-                        .run_invocation(commands, &inv, context.ct.clone(), progress)
+                        .run_invocation(commands, inv, context.ct.clone(), progress)
                         .await;
                 }
                 Answer::Declined | Answer::Cancelled => (
@@ -110,23 +136,23 @@ impl SandboxServer {
                         "cannot ask the user to confirm {}: {why}; handing out a token instead",
                         offered.tool
                     );
-                    return self.issue_token(commands, offered, args, &inv, digest);
+                    return self.issue_token(commands, offered, args, inv, digest);
                 }
             };
             self.audit_command(
                 event,
-                &inv,
+                inv,
                 Some("elicitation"),
                 None,
                 Some(error.code.as_str()),
             );
             return result::error_result(&error);
         }
-        self.issue_token(commands, offered, args, &inv, digest)
+        self.issue_token(commands, offered, args, inv, digest)
     }
 
     /// The result that hands out a token for `inv`.
-    fn issue_token(
+    pub(super) fn issue_token(
         &self,
         commands: &Commands,
         offered: &Offered,
@@ -328,7 +354,7 @@ impl SandboxServer {
         }
     }
 
-    fn audit_command(
+    pub(super) fn audit_command(
         &self,
         event: &str,
         inv: &ResolvedInvocation,
@@ -354,10 +380,17 @@ impl SandboxServer {
 const CONFIRM_SHAPE: &str = "Call confirm with the `confirmation` a command returned: {\"token\": …, \"command\": …, \"arguments\": {…}}.";
 
 /// What the user is asked.
-fn question(offered: &Offered, inv: &ResolvedInvocation) -> String {
+pub(super) fn question(commands: &Commands, offered: &Offered, inv: &ResolvedInvocation) -> String {
     let c = &offered.command;
+    let writes = match commands.project().map(|p| p.access) {
+        Some(ProjectAccess::ReadWrite) => "the project's files themselves",
+        Some(ProjectAccess::Overlay) => {
+            "a copy of the project (your files are not written; its changes come back as a patch)"
+        }
+        Some(ProjectAccess::ReadOnly) | None => "only its own scratch directory",
+    };
     format!(
-        "Allow {} to run?\n\n    {}\n\nin {} (environment {}), danger {}, network {}.",
+        "Allow {} to run?\n\n    {}\n\nin {} (environment {}), danger {}, network {}; it may write {writes}.",
         offered.tool,
         inv.display_argv(),
         inv.workdir,

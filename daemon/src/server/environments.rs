@@ -36,11 +36,10 @@ impl SandboxServer {
         self.roots_read(peer).await;
     }
 
-    /// Tells the client, once it is initialized, that the tools changed.
+    /// Tells the client that the tools changed (see [`tell_tools_changed`]).
     pub(super) fn tell_tools_changed(&self) {
-        if let Some(peer) = self.peer.get() {
-            tell_tools_changed(peer);
-        }
+        let listeners = self.listeners.lock().recover().clone();
+        tell_tools_changed(self.peer.get(), listeners);
     }
 
     /// Offers each environment as its Nix build ends, in the background
@@ -112,13 +111,11 @@ impl SandboxServer {
 
     /// Watches the project file of the project now, until the project changes.
     pub(super) fn watch_project_file(&self) {
-        let Some(peer) = self.peer.get().cloned() else {
-            return;
-        };
         let state = self.shared.project_state();
+        let server = self.clone();
         crate::commands::watch::spawn(
             state.commands.clone(),
-            move || tell_tools_changed(&peer),
+            move || server.tell_tools_changed(),
             state.watching.clone(),
         );
     }

@@ -3,11 +3,36 @@
 
 use super::SandboxServer;
 use super::result::{ErrorCode, ToolError};
+use super::session_handles::{Reached, Unreachable};
 use crate::environment::Environment;
 use crate::exec::ExecError;
 use crate::sessions::SessionError;
 
 impl SandboxServer {
+    /// The session `given` reaches for this server's caller (a handle, or a
+    /// name that gets one), or the error a model can act on.
+    pub(super) fn reach_session(&self, given: &str) -> Result<Reached, ToolError> {
+        self.handles
+            .reach(&self.principal, given)
+            .map_err(|e| match e {
+                Unreachable::UnknownHandle => ToolError::new(
+                    ErrorCode::SessionExpired,
+                    format!("no session has the handle {given:?}: it was never issued by this server as it runs now, or the server restarted"),
+                    "Call with a session name to start a session, and use the handle its result gives.",
+                ),
+                Unreachable::OtherPrincipal => ToolError::new(
+                    ErrorCode::InvalidInput,
+                    format!("the session handle {given:?} belongs to another client"),
+                    "Use a session of your own: name one, and use the handle its result gives.",
+                ),
+                Unreachable::TooManyNames => ToolError::new(
+                    ErrorCode::Busy,
+                    "too many session names are in use on this server",
+                    "Reuse a session you have (by its name or handle).",
+                ),
+            })
+    }
+
     /// The error a model can act on for a session that cannot take the call.
     pub(super) fn session_error(
         &self,

@@ -15,9 +15,9 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
     Implementation, JsonObject, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
-    ServerConfig, Tool,
+    ServerConfig, SubscriptionFilter, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +31,7 @@ use crate::sessions::{SessionOutcome, Sessions, Start};
 
 mod arguments;
 mod commands;
+mod confirm_rounds;
 mod environments;
 mod errors;
 pub mod framing;
@@ -38,8 +39,10 @@ mod job_result;
 mod job_tool;
 mod progress;
 mod project;
+mod provenance;
 pub mod result;
 mod roots;
+mod session_handles;
 pub mod tool;
 mod uri;
 
@@ -47,12 +50,18 @@ pub use errors::exec_error;
 use progress::Progress;
 pub use roots::ProjectState;
 
+use crate::commands::sealed::SealedStates;
 use crate::sync::Recover;
 use arguments::Arguments;
+use confirm_rounds::Retry;
 use result::{ErrorCode, ToolError};
 
-/// The newest protocol revision this server implements.
-pub const MAX_PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+/// The newest protocol revision this server implements: a client that
+/// sends requests with its `_meta` (or asks `server/discover`) gets it.
+pub const MAX_PROTOCOL: ProtocolVersion = ProtocolVersion::V_2026_07_28;
+/// The newest revision with an `initialize` handshake: a client that sends
+/// `initialize` gets it (or the older one it asks for).
+pub const MAX_HANDSHAKE_PROTOCOL: ProtocolVersion = ProtocolVersion::LATEST_WITH_INITIALIZE;
 /// Longest a `job` call waits for a job to finish.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 /// Longest tools/list and calls wait for the start checks (each check is
@@ -98,8 +107,11 @@ pub struct SandboxServer {
     instructions: Arc<String>,
     /// The largest per-stream output cap of any environment: what `job` returns at most.
     output_bytes: Arc<AtomicUsize>,
-    /// The client, once initialized: told when the tools change.
+    /// The client, once initialized (2025-11-25): told when the tools change.
     peer: Arc<std::sync::OnceLock<Peer<RoleServer>>>,
+    /// The open `subscriptions/listen` streams (2026-07-28) that asked to be
+    /// told when the tools change.
+    listeners: Arc<std::sync::Mutex<Vec<SubscriptionSink>>>,
     /// Set once the client is initialized and the project file is watched.
     watching: Arc<std::sync::OnceLock<()>>,
     /// The patches of the project's changes, and what sessions last reported.
@@ -112,6 +124,15 @@ pub struct SandboxServer {
     switching: Arc<tokio::sync::Mutex<()>>,
     /// The task offering environments as their Nix builds end.
     building: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// Who calls: on stdio, the one connection this server serves (a
+    /// random name made at start). What a caller is handed (a sealed
+    /// confirmation state) is bound to it.
+    principal: Arc<str>,
+    /// Sessions' handles under the stateless revision.
+    handles: Arc<session_handles::Handles>,
+    /// The key confirmation states are sealed with, made at start (`None`:
+    /// the system gave no randomness; confirmation falls back to tokens).
+    sealed: Option<Arc<SealedStates>>,
 }
 
 impl SandboxServer {
@@ -125,14 +146,24 @@ impl SandboxServer {
             instructions: Arc::new(instructions),
             output_bytes: Arc::default(),
             peer: Arc::default(),
+            listeners: Arc::default(),
             watching: Arc::default(),
             ledger: Arc::default(),
             roots_read: Arc::new(tokio::sync::watch::Sender::new(false)),
             checked: Arc::new(tokio::sync::watch::Sender::new(true)),
             switching: Arc::default(),
             building: Arc::default(),
+            principal: stdio_principal().into(),
+            handles: Arc::default(),
+            sealed: SealedStates::new()
+                .inspect_err(|e| {
+                    tracing::warn!("no key for confirmation states ({e}); confirmation under 2026-07-28 uses tokens")
+                })
+                .ok()
+                .map(Arc::new),
         };
         server.offer(&registry, None);
+        server.watch_project_file();
         server
     }
 
@@ -202,11 +233,13 @@ impl SandboxServer {
     }
 
     /// Handles a `run` call; every failure becomes an error result.
+    /// `stateless`: the call speaks 2026-07-28, where sessions have handles.
     async fn run(
         &self,
         args: Option<&JsonObject>,
         cancel: CancellationToken,
         progress: Option<Progress>,
+        stateless: bool,
     ) -> CallToolResult {
         let result = async {
             let args = Arguments::new(args, tool::RUN, &["code", "env", "session", "background"], RUN_SHAPE)?;
@@ -235,7 +268,15 @@ impl SandboxServer {
             match (args.bool("background")?.unwrap_or(false), session) {
                 (true, Some(_)) => Err(args.invalid("`session` and `background` cannot be combined: a session runs one call at a time, in the foreground")),
                 (true, None) => self.start_job(env, code),
-                (false, session) => Ok(self.run_now(&env, &code, session.as_deref(), cancel, progress).await),
+                (false, None) => Ok(self.run_now(&env, &code, None, cancel, progress).await),
+                (false, Some(name)) => {
+                    let handle = match stateless {
+                        true => Some(self.reach_session(&name)?.handle),
+                        false => None,
+                    };
+                    let session = SessionRef { name: &name, handle: handle.as_deref() };
+                    Ok(self.run_now(&env, &code, Some(session), cancel, progress).await)
+                }
             }
         }
         .await;
@@ -247,7 +288,7 @@ impl SandboxServer {
         &self,
         env: &Arc<Environment>,
         code: &str,
-        session: Option<&str>,
+        session: Option<SessionRef<'_>>,
         request_cancel: CancellationToken,
         progress: Option<Progress>,
     ) -> CallToolResult {
@@ -271,10 +312,17 @@ impl SandboxServer {
                 .await
                 .map(|o| (o, None))
                 .map_err(|e| exec_error(&e)),
-            Some(name) => self
+            Some(session) => self
                 .shared
                 .sessions
-                .call(name, env, code.as_bytes(), &cancel, Some(live))
+                .call(
+                    session.key(),
+                    session.name,
+                    env,
+                    code.as_bytes(),
+                    &cancel,
+                    Some(live),
+                )
                 .await
                 .map(|s| {
                     let SessionOutcome {
@@ -284,7 +332,7 @@ impl SandboxServer {
                     } = s;
                     (outcome, Some((start, reset)))
                 })
-                .map_err(|e| self.session_error(name, env, e)),
+                .map_err(|e| self.session_error(session.name, env, e)),
         };
         if let Some(r) = reporter {
             r.abort();
@@ -295,11 +343,11 @@ impl SandboxServer {
         let note = match &outcome {
             Ok((o, started)) => {
                 let title = match session {
-                    Some(name) => format!("{} session {name:?}", env.name),
+                    Some(s) => format!("{} session {:?}", env.name, s.name),
                     None => format!("{} run", env.name),
                 };
                 let fresh = matches!(started, Some((Start::New | Start::Restarted(_), _)));
-                let session = session.map(|name| (name, fresh));
+                let session = session.map(|s| (s.key(), fresh));
                 self.project_note(
                     state.mount.as_ref(),
                     o.upper.clone(),
@@ -322,7 +370,8 @@ impl SandboxServer {
                 let reset = reset.as_ref().map(|r| r.describe());
                 let project = note.clone();
                 let note = result::SessionNote {
-                    name: session.unwrap_or_default(),
+                    name: session.map_or("", |s| s.name),
+                    handle: session.and_then(|s| s.handle),
                     state,
                     restarted_because,
                     reset: reset.as_deref(),
@@ -407,7 +456,7 @@ impl ServerHandler for SandboxServer {
             tools.list_changed = Some(true);
         }
         let mut info = ServerConfig::new(capabilities);
-        info.protocol_version = MAX_PROTOCOL;
+        info.protocol_version = MAX_HANDSHAKE_PROTOCOL;
         info.server_info = Implementation::new("nix-sandbox-mcp", env!("CARGO_PKG_VERSION"))
             .with_title("Nix sandbox");
         info.instructions = Some((*self.instructions).clone());
@@ -426,7 +475,9 @@ impl ServerHandler for SandboxServer {
         // Only checked environments are listed; the descriptions and the
         // project file's commands follow the project.
         self.ready(&context.peer).await;
-        Ok(ListToolsResult::with_all_items(self.tools()))
+        let mut list = ListToolsResult::with_all_items(self.tools());
+        list.meta = provenance::with_server_info(list.meta, stateless(&context));
+        Ok(list)
     }
 
     async fn call_tool(
@@ -435,23 +486,38 @@ impl ServerHandler for SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let tool = request.name.to_string();
-        guarded(&tool, self.call_tool_unguarded(request, context)).await
+        let stateless = stateless(&context);
+        let mut response = guarded(&tool, self.call_tool_unguarded(request, context)).await;
+        match &mut response {
+            Ok(CallToolResponse::Complete(result)) => {
+                provenance::stamp(result, &self.shared.registry(), stateless);
+            }
+            Ok(CallToolResponse::InputRequired(asked)) => {
+                asked.meta = provenance::with_server_info(asked.meta.take(), stateless);
+            }
+            _ => {}
+        }
+        response
     }
 
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(project::list(&self.ledger))
+        let mut list = project::list(&self.ledger);
+        list.meta = provenance::with_server_info(list.meta, stateless(&context));
+        Ok(list)
     }
 
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        project::read(&self.ledger, &request.uri).map(Into::into)
+        let mut read = project::read(&self.ledger, &request.uri)?;
+        read.meta = provenance::with_server_info(read.meta, stateless(&context));
+        Ok(read.into())
     }
 
     /// rmcp hands a standard request whose params do not fit its type here,
@@ -495,8 +561,29 @@ impl ServerHandler for SandboxServer {
             return;
         }
         let _ = self.peer.set(context.peer.clone());
-        self.watch_project_file();
         self.follow_roots(&context.peer).await;
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        // Only the tool list changes (rmcp also drops what get_info does
+        // not advertise).
+        let mut accepted = SubscriptionFilter::new();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let sink = context.sink().clone();
+        self.listeners.lock().recover().push(sink.clone());
+        context.cancelled().await;
+        self.listeners
+            .lock()
+            .recover()
+            .retain(|s| s.id() != sink.id());
+        Ok(())
     }
 
     async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
@@ -506,14 +593,56 @@ impl ServerHandler for SandboxServer {
     }
 }
 
-/// Sends `notifications/tools/list_changed` without waiting for it.
-fn tell_tools_changed(peer: &Peer<RoleServer>) {
-    let peer = peer.clone();
-    tokio::spawn(async move {
-        if let Err(e) = peer.notify_tool_list_changed().await {
-            tracing::debug!("cannot tell the client the tools changed: {e}");
-        }
-    });
+/// The session a call names: the name given, and under the stateless
+/// revision the handle it reaches (which keys the session table then).
+#[derive(Clone, Copy)]
+struct SessionRef<'a> {
+    name: &'a str,
+    handle: Option<&'a str>,
+}
+
+impl<'a> SessionRef<'a> {
+    /// The session table's key.
+    fn key(&self) -> &'a str {
+        self.handle.unwrap_or(self.name)
+    }
+}
+
+/// The principal of the stdio connection: random, so that nothing sealed
+/// for one server's client is taken for another's.
+fn stdio_principal() -> String {
+    let mut bytes = [0u8; 16];
+    let _ = getrandom::fill(&mut bytes);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("stdio:{}:{hex}", std::process::id())
+}
+
+/// Whether the request speaks the stateless revision (2026-07-28 and
+/// later): no handshake, no requests from the server to the client.
+fn stateless(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| !v.has_initialize())
+}
+
+/// Sends `notifications/tools/list_changed` without waiting for it: to the
+/// initialized client (2025-11-25), and on each listen stream that asked
+/// for it (2026-07-28).
+fn tell_tools_changed(peer: Option<&Peer<RoleServer>>, listeners: Vec<SubscriptionSink>) {
+    if let Some(peer) = peer.cloned() {
+        tokio::spawn(async move {
+            if let Err(e) = peer.notify_tool_list_changed().await {
+                tracing::debug!("cannot tell the client the tools changed: {e}");
+            }
+        });
+    }
+    for sink in listeners {
+        tokio::spawn(async move {
+            if let Err(e) = sink.notify_tool_list_changed().await {
+                tracing::debug!("cannot tell a listener the tools changed: {e}");
+            }
+        });
+    }
 }
 
 impl SandboxServer {
@@ -532,7 +661,10 @@ impl SandboxServer {
         let args = request.arguments.as_ref();
         let commands = self.shared.project_state().commands.clone();
         match request.name.as_ref() {
-            tool::RUN => Ok(self.run(args, context.ct.clone(), progress).await.into()),
+            tool::RUN => Ok(self
+                .run(args, context.ct.clone(), progress, stateless(&context))
+                .await
+                .into()),
             tool::JOB => Ok(self.job(args, progress).await.into()),
             tool::CONFIRM if commands.catalog().any_confirm() => Ok(self
                 .confirm(&commands, args, context.ct.clone(), progress)
@@ -541,10 +673,15 @@ impl SandboxServer {
             other => {
                 let catalog = commands.catalog();
                 match catalog.by_tool(other) {
-                    Some(offered) => Ok(self
-                        .call_command(&commands, offered, args, &context, progress)
-                        .await
-                        .into()),
+                    Some(offered) => {
+                        let retry = Retry {
+                            input_responses: request.input_responses.as_ref(),
+                            request_state: request.request_state.as_deref(),
+                        };
+                        Ok(self
+                            .call_command(&commands, offered, args, retry, &context, progress)
+                            .await)
+                    }
                     None => Err(McpError::invalid_params(
                         format!(
                             "unknown tool {other:?}; this server offers: {}",

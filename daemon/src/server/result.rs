@@ -110,7 +110,9 @@ impl ToolError {
 /// Fields that do not apply (an exit code after a kill, a signal after a normal
 /// exit) are left out rather than null, which keeps the schema small; the
 /// rare `stdout_incomplete` and `stderr_incomplete` (a stream that could not
-/// be read to its end) are not listed, which the schema allows.
+/// be read to its end) are not listed, which the schema allows; nor is
+/// `ran` (what produced the result, on every result: docs/protocol.md), to
+/// keep the schema within its budget of the agent's context.
 /// `network`, `sessions` and `changes` say whether the tool can report a
 /// network allowance, a session and changes to the project; the properties
 /// it cannot return are left out, each costing the agent's context a few
@@ -273,6 +275,8 @@ fn incomplete_output(o: &Outcome) -> Option<(&'static str, &str)> {
 /// What a run in a session did to the session, for its result.
 pub struct SessionNote<'a> {
     pub name: &'a str,
+    /// Its handle, under the stateless revision.
+    pub handle: Option<&'a str>,
     /// "new", "continued" or "restarted".
     pub state: &'static str,
     /// Why it was restarted (what ended the previous one).
@@ -284,6 +288,9 @@ pub struct SessionNote<'a> {
 impl SessionNote<'_> {
     fn to_json(&self) -> Value {
         let mut v = json!({"name": self.name, "state": self.state});
+        if let Some(handle) = self.handle {
+            v["handle"] = json!(handle);
+        }
         if let Some(why) = self.restarted_because {
             v["restarted_because"] = json!(why);
         }

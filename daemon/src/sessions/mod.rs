@@ -85,6 +85,9 @@ pub struct Sessions {
 }
 
 struct Session {
+    /// What its caller names it (the table's key, or under the stateless
+    /// revision the name behind the handle that keys it).
+    label: String,
     env: Arc<Environment>,
     created: Instant,
     last_used: Mutex<Instant>,
@@ -124,10 +127,12 @@ impl Sessions {
         }
     }
 
-    /// Runs `code` in session `name` of `env`, creating the session on first use.
+    /// Runs `code` in session `name` of `env`, creating the session on first
+    /// use; `label` is what the caller calls it, in messages.
     pub async fn call(
         &self,
         name: &str,
+        label: &str,
         env: &Arc<Environment>,
         code: &[u8],
         cancel: &CancellationToken,
@@ -136,7 +141,7 @@ impl Sessions {
         let kind = env
             .kind
             .ok_or_else(|| SessionError::Unsupported(env.name.clone()))?;
-        let in_call = self.session(name, env)?;
+        let in_call = self.session(name, label, env)?;
         let session = &in_call.0;
         // Calls on one session queue here, before they take a run slot.
         let mut state = tokio::select! {
@@ -207,12 +212,17 @@ impl Sessions {
     /// A call on session `name`, created for `env` when it does not exist
     /// yet. Counted in before the table is let go, so that no other call
     /// closes it to make room in between.
-    fn session(&self, name: &str, env: &Arc<Environment>) -> Result<InCall, SessionError> {
+    fn session(
+        &self,
+        name: &str,
+        label: &str,
+        env: &Arc<Environment>,
+    ) -> Result<InCall, SessionError> {
         let mut table = self.table.lock().recover();
         if let Some(s) = table.get(name) {
             if s.env.name != env.name {
                 return Err(SessionError::OtherEnv {
-                    name: name.to_string(),
+                    name: label.to_string(),
                     env: s.env.name.clone(),
                 });
             }
@@ -221,7 +231,7 @@ impl Sessions {
         // A name the reaper closed is reported once; the next call starts afresh.
         if let Some((why, _)) = self.gone.lock().recover().remove(name) {
             return Err(SessionError::Gone {
-                name: name.to_string(),
+                name: label.to_string(),
                 why,
             });
         }
@@ -234,7 +244,7 @@ impl Sessions {
                 .min_by_key(|(_, s)| *s.last_used.lock().recover())
                 .map(|(n, _)| n.clone());
             let Some(victim) = victim else {
-                let mut names: Vec<_> = table.keys().cloned().collect();
+                let mut names: Vec<_> = table.values().map(|s| s.label.clone()).collect();
                 names.sort();
                 return Err(SessionError::Full {
                     max,
@@ -242,10 +252,11 @@ impl Sessions {
                 });
             };
             let closed = table.remove(&victim).expect("listed above");
-            self.remember_gone(victim, format!("it was the least recently used when session {name:?} needed its place (at most {max} are open at once)"));
+            self.remember_gone(victim, format!("it was the least recently used when session {label:?} needed its place (at most {max} are open at once)"));
             tokio::spawn(async move { closed.close().await });
         }
         let s = Arc::new(Session {
+            label: label.to_string(),
             env: env.clone(),
             created: Instant::now(),
             last_used: Mutex::new(Instant::now()),

@@ -1,0 +1,125 @@
+//! Sessions under the stateless revision (2026-07-28), which has no
+//! connection to scope a session's name: a session a caller names gets a
+//! handle (`s_` and 32 hex digits: 128 random bits from the operating
+//! system), bound to that caller (its principal). The session table is keyed
+//! by the handle; the name stays an alias in the caller's own scope, so
+//! calls may name either. A handle is refused to anyone but its principal,
+//! and one that was never issued (forged, or from another server or before
+//! a restart) is told apart from a name. Under 2025-11-25 names key the
+//! table as they are.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::sync::Recover;
+
+const PREFIX: &str = "s_";
+/// Names (aliases) remembered at once, over every principal.
+const MAX_ALIASES: usize = 4096;
+
+/// Why a session named in a call cannot be reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreachable {
+    /// A handle this server never issued (or no longer knows).
+    UnknownHandle,
+    /// A handle issued to another principal.
+    OtherPrincipal,
+    /// Too many names: no handle for a new one.
+    TooManyNames,
+}
+
+/// The session a call reaches: the key of the table, and its handle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reached {
+    pub handle: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Handles {
+    inner: Mutex<Tables>,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    /// (principal, name) → handle.
+    aliases: HashMap<(Arc<str>, String), String>,
+    /// handle → principal.
+    owners: HashMap<String, Arc<str>>,
+}
+
+/// Whether `given` has the form of a handle.
+fn is_handle(given: &str) -> bool {
+    given.len() == PREFIX.len() + 32
+        && given.starts_with(PREFIX)
+        && given[PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl Handles {
+    /// The session `principal` reaches by `given` (a handle, or a name,
+    /// which gets a handle the first time).
+    pub fn reach(&self, principal: &Arc<str>, given: &str) -> Result<Reached, Unreachable> {
+        let mut t = self.inner.lock().recover();
+        if is_handle(given) {
+            return match t.owners.get(given) {
+                Some(owner) if owner == principal => Ok(Reached {
+                    handle: given.to_string(),
+                }),
+                Some(_) => Err(Unreachable::OtherPrincipal),
+                None => Err(Unreachable::UnknownHandle),
+            };
+        }
+        let key = (principal.clone(), given.to_string());
+        if let Some(handle) = t.aliases.get(&key) {
+            return Ok(Reached {
+                handle: handle.clone(),
+            });
+        }
+        if t.aliases.len() >= MAX_ALIASES {
+            return Err(Unreachable::TooManyNames);
+        }
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|_| Unreachable::TooManyNames)?;
+        let handle: String =
+            PREFIX.to_string() + &bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        t.owners.insert(handle.clone(), principal.clone());
+        t.aliases.insert(key, handle.clone());
+        Ok(Reached { handle })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_gets_one_handle_per_principal_and_the_handle_reaches_it() {
+        let h = Handles::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let first = h.reach(&a, "work").unwrap();
+        assert!(is_handle(&first.handle), "{first:?}");
+        assert_eq!(h.reach(&a, "work").unwrap(), first);
+        assert_eq!(h.reach(&a, &first.handle).unwrap(), first);
+        // The same name is another session for another principal.
+        let theirs = h.reach(&b, "work").unwrap();
+        assert_ne!(theirs, first);
+        // Nobody reaches another principal's session by its handle.
+        assert_eq!(h.reach(&b, &first.handle), Err(Unreachable::OtherPrincipal));
+        assert_eq!(
+            h.reach(&a, &theirs.handle),
+            Err(Unreachable::OtherPrincipal)
+        );
+    }
+
+    #[test]
+    fn a_handle_never_issued_is_unknown_and_not_taken_for_a_name() {
+        let h = Handles::default();
+        let me: Arc<str> = "a".into();
+        let forged = format!("s_{}", "0".repeat(32));
+        assert_eq!(h.reach(&me, &forged), Err(Unreachable::UnknownHandle));
+        // Not of a handle's form: a name.
+        assert!(h.reach(&me, "s_xyz").is_ok());
+        assert!(h.reach(&me, &format!("s_{}", "A".repeat(32))).is_ok());
+    }
+}
