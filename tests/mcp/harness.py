@@ -357,7 +357,9 @@ class RawServer:
         if isinstance(msg, dict) and STATELESS and "method" in msg and "id" in msg:
             params = msg.setdefault("params", {})
             if isinstance(params, dict):
-                params.setdefault("_meta", {}).update(STATELESS_META)
+                meta = params.setdefault("_meta", {})
+                for key, value in STATELESS_META.items():
+                    meta.setdefault(key, value)
         line = msg if isinstance(msg, (bytes, str)) else json.dumps(msg)
         self.proc.stdin.write(line.encode() if isinstance(line, str) else line)
         self.proc.stdin.write(b"\n")

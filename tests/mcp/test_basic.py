@@ -73,6 +73,9 @@ def test_the_revision_the_client_speaks_is_served_and_lists_every_env():
     async def t():
         async with session() as s:
             assert s.protocol_version == PROTOCOL
+            # The tasks extension is 2026-07-28's: a handshake client is not told of it.
+            extensions = s.server_capabilities.extensions or {}
+            assert ("io.modelcontextprotocol/tasks" in extensions) == STATELESS, s.server_capabilities
             assert "env" in (s.instructions or "")
             tools = (await s.list_tools()).tools
             assert [t.name for t in tools][0] == "run"

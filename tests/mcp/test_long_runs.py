@@ -14,7 +14,7 @@ import pytest
 from mcp import MCPError
 from mcp.types import REQUEST_TIMEOUT
 
-from harness import call, dump, processes_with, readable_tmpdir, run_async, session, write_config
+from harness import STATELESS, RawServer, call, dump, processes_with, readable_tmpdir, run_async, session, write_config
 
 
 def marker() -> str:
@@ -288,3 +288,111 @@ def test_waiting_on_a_job_reports_progress():
             await s.call_tool("job", {"id": sc["job"], "wait_seconds": 10}, progress_callback=on_progress)
     run_async(t)
     assert len(updates) >= 2 and all("job-1" in u for u in updates), updates
+
+
+# --- Jobs as tasks (the io.modelcontextprotocol/tasks extension, 2026-07-28).
+# The Python SDK has no client for the extension: raw JSON-RPC.
+
+TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+
+
+class TaskClient:
+    """A raw client that declares the tasks extension on every request."""
+
+    def __init__(self) -> None:
+        self.srv = RawServer()
+        self.next_id = 100
+
+    def request(self, method: str, params: dict, capabilities: dict | None = None) -> dict:
+        self.next_id += 1
+        meta = {"io.modelcontextprotocol/clientCapabilities": TASKS if capabilities is None else capabilities}
+        self.srv.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": {**params, "_meta": meta}})
+        while True:
+            reply = self.srv.recv(timeout=30)
+            if reply.get("id") == self.next_id:
+                return reply
+
+    def run(self, code: str, **extra) -> dict:
+        return self.request("tools/call", {"name": "run", "arguments": {"env": "bash", "code": code, **extra}})
+
+    def get(self, task_id: str) -> dict:
+        return self.request("tasks/get", {"taskId": task_id})
+
+    def until(self, task_id: str, status: str, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.get(task_id)["result"]
+            if r["status"] == status or time.monotonic() > deadline:
+                assert r["status"] == status, r
+                return r
+            time.sleep(0.1)
+
+
+def stateless_only() -> None:
+    if not STATELESS:
+        pytest.skip("2026-07-28 only: runs in the stateless pass of the suite")
+
+
+def test_a_background_run_is_a_task_polled_to_its_result():
+    stateless_only()
+    c = TaskClient()
+    try:
+        r = c.run("echo started; sleep 2; echo done", background=True)["result"]
+        assert r["resultType"] == "task" and r["status"] == "working", r
+        task_id = r["taskId"]
+        assert task_id.startswith("t_") and len(task_id) == 34 and r["pollIntervalMs"] == 1000, r
+        assert r["createdAt"].endswith("Z") and r["ttlMs"] > 0, r
+        # Working: the new output so far, as the job tool gives it.
+        deadline = time.monotonic() + 20
+        seen = ""
+        while "started" not in seen and time.monotonic() < deadline:
+            got = c.get(task_id)["result"]
+            assert got["status"] in ("working", "completed"), got
+            seen += got["_meta"]["nix-sandbox-mcp/job"].get("stdout", "")
+            time.sleep(0.1)
+        assert "started" in seen, seen
+        done = c.until(task_id, "completed")
+        result = done["result"]
+        assert result["isError"] is False and "done" in result["structuredContent"]["stdout"], done
+        assert result["structuredContent"]["ran"]["environment"] == "bash", result
+    finally:
+        c.srv.close()
+
+
+def test_a_cancelled_task_kills_its_run():
+    stateless_only()
+    marker = f"nsm-task-{uuid.uuid4().hex[:8]}"
+    c = TaskClient()
+    try:
+        task_id = c.run(f"exec -a {marker} sleep 60", background=True)["result"]["taskId"]
+        deadline = time.monotonic() + 20
+        while not processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(marker), "the task's run started"
+        assert c.request("tasks/cancel", {"taskId": task_id})["result"]["resultType"] == "complete"
+        c.until(task_id, "cancelled")
+        assert processes_with(marker) == [], processes_with(marker)
+    finally:
+        c.srv.close()
+
+
+def test_an_unknown_task_is_refused_and_the_extension_is_asked_for():
+    stateless_only()
+    c = TaskClient()
+    other = TaskClient()
+    try:
+        r = c.get("t_" + "0" * 32)
+        assert r["error"]["code"] == -32602 and "never issued" in r["error"]["message"], r
+        theirs = other.run("sleep 5", background=True)["result"]["taskId"]
+        r = c.get(theirs)
+        assert r["error"]["code"] == -32602 and "never issued" in r["error"]["message"], r
+        # Without the extension: tasks/* is refused with the capability it
+        # needs, and a background run is a job, as under 2025-11-25.
+        r = c.request("tasks/get", {"taskId": theirs}, capabilities={})
+        assert r["error"]["code"] == -32021, r
+        r = c.request("tools/call", {"name": "run", "arguments": {"env": "bash", "code": "true", "background": True}},
+                      capabilities={})
+        assert r["result"]["structuredContent"]["job"].startswith("job-"), r
+    finally:
+        c.srv.close()
+        other.srv.close()

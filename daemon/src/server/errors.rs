@@ -1,14 +1,38 @@
 //! The tool errors a model reads when exec or a session cannot take a
 //! call: each kind of failure with its code and what to do about it.
 
-use super::SandboxServer;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use rmcp::ErrorData as McpError;
+
 use super::result::{ErrorCode, ToolError};
 use super::session_handles::{Reached, Unreachable};
+use super::{SandboxServer, tasks};
 use crate::environment::Environment;
 use crate::exec::ExecError;
+use crate::jobs::Job;
 use crate::sessions::SessionError;
 
 impl SandboxServer {
+    /// The job behind a task id of this server's caller, or the error the
+    /// extension gives an unknown task (-32602), saying which.
+    pub(super) fn task_job(&self, task_id: &str) -> Result<(Arc<Job>, SystemTime), McpError> {
+        self.tasks
+            .job(&self.principal, task_id, &self.shared.jobs)
+            .map_err(|e| {
+                let why = match e {
+                    tasks::Unknown::NotIssued => {
+                        "this server never issued it to this client (or it restarted since)"
+                    }
+                    tasks::Unknown::Forgotten => {
+                        "its job finished and was forgotten (finished jobs are kept for a while)"
+                    }
+                };
+                McpError::invalid_params(format!("unknown task {task_id:?}: {why}"), None)
+            })
+    }
+
     /// The session `given` reaches for this server's caller (a handle, or a
     /// name that gets one), or the error a model can act on.
     pub(super) fn reach_session(&self, given: &str) -> Result<Reached, ToolError> {

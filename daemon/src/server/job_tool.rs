@@ -3,6 +3,7 @@
 
 // What the server's module imports, and its items.
 use super::*;
+use crate::jobs::Job;
 
 impl SandboxServer {
     /// Starts `code` as a background job and returns at once.
@@ -10,7 +11,7 @@ impl SandboxServer {
         &self,
         env: Arc<Environment>,
         code: String,
-    ) -> Result<CallToolResult, ToolError> {
+    ) -> Result<Arc<Job>, ToolError> {
         let jobs = &self.shared.jobs;
         let (job, cancel) = jobs.create(&env.name, env.limits, &self.shared.shutdown).map_err(|e| {
             ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
@@ -57,7 +58,7 @@ impl SandboxServer {
                 note,
             );
         });
-        Ok(job_result::job_started(&job))
+        Ok(job)
     }
 
     /// Handles a `job` call.

@@ -12,10 +12,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
-    Implementation, JsonObject, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CustomRequest,
+    CustomResult, GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams,
+    InitializeResult, JsonObject, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
-    ServerConfig, SubscriptionFilter, Tool,
+    ServerConfig, SubscriptionFilter, TASKS_EXTENSION_ID, Tool, UpdateTaskParams,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
@@ -43,6 +44,7 @@ mod provenance;
 pub mod result;
 mod roots;
 mod session_handles;
+mod tasks;
 pub mod tool;
 mod uri;
 
@@ -128,6 +130,8 @@ pub struct SandboxServer {
     /// random name made at start). What a caller is handed (a sealed
     /// confirmation state) is bound to it.
     principal: Arc<str>,
+    /// Background runs as tasks, for callers that declare the extension.
+    tasks: Arc<tasks::Tasks>,
     /// Sessions' handles under the stateless revision.
     handles: Arc<session_handles::Handles>,
     /// The key confirmation states are sealed with, made at start (`None`:
@@ -155,6 +159,7 @@ impl SandboxServer {
             building: Arc::default(),
             principal: stdio_principal().into(),
             handles: Arc::default(),
+            tasks: Arc::default(),
             sealed: SealedStates::new()
                 .inspect_err(|e| {
                     tracing::warn!("no key for confirmation states ({e}); confirmation under 2026-07-28 uses tokens")
@@ -233,14 +238,16 @@ impl SandboxServer {
     }
 
     /// Handles a `run` call; every failure becomes an error result.
-    /// `stateless`: the call speaks 2026-07-28, where sessions have handles.
+    /// `stateless`: the call speaks 2026-07-28, where sessions have handles;
+    /// `tasks`: it declared the tasks extension, so a background run is a task.
     async fn run(
         &self,
         args: Option<&JsonObject>,
         cancel: CancellationToken,
         progress: Option<Progress>,
         stateless: bool,
-    ) -> CallToolResult {
+        tasks: bool,
+    ) -> CallToolResponse {
         let result = async {
             let args = Arguments::new(args, tool::RUN, &["code", "env", "session", "background"], RUN_SHAPE)?;
             let env_name = args.string("env")?.ok_or_else(|| {
@@ -267,20 +274,26 @@ impl SandboxServer {
             }
             match (args.bool("background")?.unwrap_or(false), session) {
                 (true, Some(_)) => Err(args.invalid("`session` and `background` cannot be combined: a session runs one call at a time, in the foreground")),
-                (true, None) => self.start_job(env, code),
-                (false, None) => Ok(self.run_now(&env, &code, None, cancel, progress).await),
+                (true, None) => {
+                    let job = self.start_job(env, code)?;
+                    match tasks.then(|| self.tasks.issue(&self.principal, &job, &self.shared.jobs)).flatten() {
+                        Some(task) => Ok(CallToolResponse::Task(task)),
+                        None => Ok(job_result::job_started(&job).into()),
+                    }
+                }
+                (false, None) => Ok(self.run_now(&env, &code, None, cancel, progress).await.into()),
                 (false, Some(name)) => {
                     let handle = match stateless {
                         true => Some(self.reach_session(&name)?.handle),
                         false => None,
                     };
                     let session = SessionRef { name: &name, handle: handle.as_deref() };
-                    Ok(self.run_now(&env, &code, Some(session), cancel, progress).await)
+                    Ok(self.run_now(&env, &code, Some(session), cancel, progress).await.into())
                 }
             }
         }
         .await;
-        result.unwrap_or_else(|e| result::error_result(&e))
+        result.unwrap_or_else(|e| result::error_result(&e).into())
     }
 
     /// Runs `code` and waits for it, in a fresh sandbox or in a session.
@@ -439,6 +452,7 @@ impl ServerHandler for SandboxServer {
         let mut capabilities = ServerCapabilities::builder()
             .enable_tools()
             .enable_resources()
+            .enable_tasks()
             .build();
         // The project file's commands, environments Nix is still building,
         // and a project that follows the client's roots change while the
@@ -461,6 +475,31 @@ impl ServerHandler for SandboxServer {
             .with_title("Nix sandbox");
         info.instructions = Some((*self.instructions).clone());
         info
+    }
+
+    /// As rmcp's: the client's revision when it is one with a handshake that
+    /// is supported, else [`MAX_HANDSHAKE_PROTOCOL`]; and the tasks
+    /// extension, which 2026-07-28 has and the handshake revisions have not,
+    /// is left out.
+    fn negotiate_initialize(
+        &self,
+        request: &InitializeRequestParams,
+    ) -> Result<InitializeResult, McpError> {
+        let mut info = self.get_info();
+        if let Some(extensions) = info.capabilities.extensions.as_mut() {
+            extensions.remove(TASKS_EXTENSION_ID);
+            if extensions.is_empty() {
+                info.capabilities.extensions = None;
+            }
+        }
+        if request.protocol_version.has_initialize()
+            && self
+                .supported_protocol_versions()
+                .contains(&request.protocol_version)
+        {
+            info.protocol_version = request.protocol_version.clone();
+        }
+        Ok(info)
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
@@ -564,6 +603,45 @@ impl ServerHandler for SandboxServer {
         self.follow_roots(&context.peer).await;
     }
 
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let (job, created) = self.task_job(&request.task_id)?;
+        let (stdout, stderr) = job.read(None, None, self.output_bytes.load(Ordering::Relaxed));
+        let mut status = job_result::job_status(&job, &stdout, &stderr);
+        provenance::stamp(&mut status, &self.shared.registry(), true);
+        let ttl = self.shared.jobs.limits().retention;
+        Ok(tasks::detailed(
+            &request.task_id,
+            &job,
+            created,
+            status,
+            ttl,
+        ))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let (job, _) = self.task_job(&request.task_id)?;
+        job.kill();
+        Ok(())
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        // A job asks for no input: answers are ignored, as the extension
+        // says of answers to nothing outstanding.
+        self.task_job(&request.task_id).map(|_| ())
+    }
+
     fn accepted_subscription_filter(
         &self,
         requested: &SubscriptionFilter,
@@ -661,10 +739,21 @@ impl SandboxServer {
         let args = request.arguments.as_ref();
         let commands = self.shared.project_state().commands.clone();
         match request.name.as_ref() {
-            tool::RUN => Ok(self
-                .run(args, context.ct.clone(), progress, stateless(&context))
-                .await
-                .into()),
+            tool::RUN => {
+                let tasks = stateless(&context)
+                    && context
+                        .client_capabilities()
+                        .is_some_and(|c| c.supports_tasks());
+                Ok(self
+                    .run(
+                        args,
+                        context.ct.clone(),
+                        progress,
+                        stateless(&context),
+                        tasks,
+                    )
+                    .await)
+            }
             tool::JOB => Ok(self.job(args, progress).await.into()),
             tool::CONFIRM if commands.catalog().any_confirm() => Ok(self
                 .confirm(&commands, args, context.ct.clone(), progress)
