@@ -2,6 +2,7 @@
 //! executor, a sandbox self-test, the project mount and the registry. Every
 //! front end (MCP server, `run`, `envs`, `doctor`) starts here.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -24,6 +25,8 @@ pub struct App {
     pub project: Option<ProjectMount>,
     /// Why the project is not mounted, when it is not.
     pub project_note: Option<String>,
+    /// `[projects.NAME]`, mounted as the project would be, by name.
+    pub projects: BTreeMap<String, ProjectMount>,
     /// What the sources offered, for loading the registry again as builds end.
     pub gathered: Gathered,
     /// Builds still to run ([`StartOptions::in_background`]); in a
@@ -96,6 +99,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     if let Some(note) = &project_note {
         tracing::warn!("{note}");
     }
+    let projects = named_projects(&config, &executor)?;
     let (mut gathered, mut builds) = (Gathered::default(), Builds::default());
     let registry = if opts.load_environments {
         let project_dir = project.as_ref().map(|p| p.host_path.as_path());
@@ -127,6 +131,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
         registry,
         project,
         project_note,
+        projects,
         gathered,
         builds: std::sync::Mutex::new(builds),
         checks_pending: opts.in_background && opts.load_environments && !opts.quick,
@@ -551,6 +556,30 @@ fn project_protected(extra: &[config::ProjectPath]) -> Vec<String> {
 
 /// Finds out whether the nest can show `project` through an overlay; an
 /// overlay project becomes read-only when it cannot, with the reason.
+/// The projects of `[projects.NAME]`, each checked and mounted as a
+/// configured project is: one that cannot be stops the server, saying which.
+pub fn named_projects(
+    config: &Config,
+    executor: &Executor,
+) -> Result<BTreeMap<String, ProjectMount>, StartError> {
+    let mut out = BTreeMap::new();
+    for (name, path) in &config.projects {
+        let named = |e: StartError| StartError::Project(format!("[projects.{name}]: {e}"));
+        let (mount, _) = project_at(config, path, ProjectOrigin::Configured).map_err(named)?;
+        let Some(mut mount) = mount else {
+            return Err(StartError::Project(format!(
+                "[projects.{name}]: {} cannot be mounted",
+                path.display()
+            )));
+        };
+        if let Some(note) = settle_project(executor, &mut mount) {
+            tracing::warn!("project {name}: {note}");
+        }
+        out.insert(name.clone(), mount);
+    }
+    Ok(out)
+}
+
 pub fn settle_project(executor: &Executor, project: &mut ProjectMount) -> Option<String> {
     if project.access == ProjectAccess::ReadWrite {
         return None;

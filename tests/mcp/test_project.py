@@ -11,7 +11,7 @@ import pathlib
 import stat
 import subprocess
 
-from harness import RawServer, call, dump, readable_tmpdir, run_async, session, write_config
+from harness import BIN, RawServer, call, dump, readable_tmpdir, run_async, server_params, session, write_config
 
 
 def writable_project() -> pathlib.Path:
@@ -354,3 +354,69 @@ def test_a_protected_path_cannot_be_moved_aside_with_its_directory_in_a_readwrit
     assert not (proj / ".git/description").exists(), "the whole .git is read-only"
     assert (proj / ".github/notes.md").read_text() == "ok\n"
     assert not (proj / ".git-aside").exists() and not (proj / ".github-aside").exists()
+
+
+def named_projects() -> tuple[str, pathlib.Path, pathlib.Path]:
+    """A configuration with two projects, alpha and beta, each holding a file
+    that says which it is."""
+    top = readable_tmpdir()
+    dirs = []
+    for name in ("alpha", "beta"):
+        d = top / name
+        d.mkdir()
+        d.chmod(0o755)
+        (d / "which").write_text(f"{name}\n")
+        (d / "which").chmod(0o644)
+        dirs.append(d)
+    config = write_config("".join(f'[projects.{d.name}]\npath = "{d}"\n' for d in dirs))
+    return config, dirs[0], dirs[1]
+
+
+def test_a_call_may_name_a_configured_project_and_never_a_path():
+    config, alpha, beta = named_projects()
+
+    async def t():
+        async with session(config=config) as s:
+            run = (await s.list_tools()).tools[0]
+            assert run.input_schema["properties"]["project"]["enum"] == ["alpha", "beta"], run.input_schema
+            assert f"alpha ({alpha})" in run.description and f"beta ({beta})" in run.description, run.description
+            for name in ("alpha", "beta"):
+                sc, _, err = await call(s, "bash", "cat /project/which", project=name)
+                assert not err and sc["stdout"] == f"{name}\n", dump(sc)
+            sc, _, err = await call(s, "bash", "cat /project/data.txt")
+            assert not err and sc["stdout"] == "project data\n", dump(sc)
+            for given in ("/etc", str(alpha), "gamma", "../alpha"):
+                sc, _, err = await call(s, "bash", "cat /project/which", project=given)
+                assert err and sc["error"]["code"] == "invalid_input" and "stdout" not in sc, dump(sc)
+                assert "alpha, beta" in sc["error"]["suggestion"], dump(sc)
+            # Its changes stay in the sandbox, as in the project's.
+            sc, _, err = await call(s, "bash", "echo changed > /project/which", project="alpha")
+            assert not err and "which" in str(sc.get("changes")), dump(sc)
+            assert (alpha / "which").read_text() == "alpha\n"
+    run_async(t)
+
+
+def test_a_session_and_a_job_keep_the_project_they_name():
+    config, _, _ = named_projects()
+
+    async def t():
+        async with session(config=config) as s:
+            sc, _, err = await call(s, "python", "f = open('/project/which')", session="w", project="beta")
+            assert not err, dump(sc)
+            sc, _, err = await call(s, "python", "print(f.read(), end='')", session="w", project="beta")
+            assert not err and sc["stdout"] == "beta\n", dump(sc)
+            sc, _, err = await call(s, "python", "print(1)", session="w")
+            assert err and sc["error"]["code"] == "session_mismatch" and "project beta" in sc["error"]["message"], dump(sc)
+            sc, _, err = await call(s, "bash", "cat /project/which", project="alpha", background=True)
+            assert not err, dump(sc)
+            job = sc["job"]
+            res = await s.call_tool("job", {"id": job, "wait_seconds": 30})
+            assert res.structured_content["stdout"] == "alpha\n", res.structured_content
+    run_async(t)
+
+
+def test_a_configured_project_that_cannot_be_mounted_stops_the_server():
+    p = server_params(config=write_config('[projects.gone]\npath = "/nonexistent/nsm-project"\n'))
+    r = subprocess.run([BIN, *p.args], env={**os.environ, **(p.env or {})}, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "[projects.gone]" in r.stderr and "/nonexistent/nsm-project" in r.stderr, r.stderr

@@ -61,6 +61,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         gathered,
         builds,
         checks_pending,
+        projects,
         ..
     } = app;
     tracing::info!(
@@ -102,6 +103,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
         audit,
         jobs,
         sessions: sessions.clone(),
+        projects,
     });
     // The environments are started once in the jail after the handshake,
     // before the first tools/list is answered.

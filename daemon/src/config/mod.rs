@@ -30,6 +30,10 @@ pub struct Config {
     pub server: ServerSettings,
     pub defaults: LimitSettings,
     pub project: ProjectSettings,
+    /// `[projects.NAME]`: other projects a call may name (`project`), by
+    /// name: their absolute paths. The project's other settings (mode,
+    /// mount point, protected paths) are `[project]`'s.
+    pub projects: BTreeMap<String, PathBuf>,
     /// `None` when the file has no `[environments]` table: the built-in presets are served.
     pub environments: Option<BTreeMap<String, EnvironmentSettings>>,
     /// `[commands.NAME]`: declared commands, validated by `commands` once
@@ -222,6 +226,11 @@ struct RawConfig {
     defaults: LimitSettings,
     #[serde(default)]
     project: RawProject,
+    /// Other projects a call may name in its `project` argument (never a
+    /// path: only these names), each mounted at the project's mount point
+    /// with `[project]`'s mode and protected paths.
+    #[serde(default)]
+    projects: BTreeMap<ProjectName, RawNamedProject>,
     environments: Option<BTreeMap<EnvName, EnvironmentSettings>>,
     #[serde(default)]
     commands: BTreeMap<commands::CommandName, commands::CommandDecl>,
@@ -249,6 +258,14 @@ struct RawProject {
     /// widen what the configuration allows.
     #[serde(default)]
     grants: BTreeMap<commands::CommandName, commands::CommandGrant>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawNamedProject {
+    /// The project's directory: an absolute path (a relative one would
+    /// depend on where the server starts).
+    path: AbsolutePath,
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -403,6 +420,11 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
                 .map(|(k, v)| (k.0, v))
                 .collect(),
         },
+        projects: raw
+            .projects
+            .into_iter()
+            .map(|(k, v)| (k.0, v.path.0))
+            .collect(),
         environments,
         commands: raw.commands.into_iter().map(|(k, v)| (k.0, v)).collect(),
         knobs: Knobs::default(),

@@ -227,6 +227,7 @@ fn example_config_parses_and_documents_every_key() {
         "environments",
         "inherit_env",
         "grants",
+        "projects",
         "commands",
         "params",
     ];
@@ -261,4 +262,29 @@ fn overlay_prefers_upper_layer() {
     let m = low.overlay(high);
     assert_eq!(m.timeout_ms, Some(Millis(2)));
     assert_eq!(m.pids, Some(Positive(5)));
+}
+
+#[test]
+fn projects_are_named_and_absolute() {
+    let c = parse(
+        "[projects.api]\npath = \"/srv/api\"\n[projects.web-2]\npath = \"/srv/web\"\n",
+        Path::new("c.toml"),
+    )
+    .unwrap();
+    assert_eq!(
+        c.projects
+            .iter()
+            .map(|(n, p)| (n.as_str(), p.to_str().unwrap()))
+            .collect::<Vec<_>>(),
+        [("api", "/srv/api"), ("web-2", "/srv/web")]
+    );
+    let e = err_text("[projects.api]\npath = \"src/api\"\n");
+    assert!(
+        e.contains("projects.api.path") && e.contains("relative"),
+        "{e}"
+    );
+    let e = err_text("[projects.\"../x\"]\npath = \"/srv\"\n");
+    assert!(e.contains("not a valid project name"), "{e}");
+    let e = err_text("[projects.api]\npth = \"/srv\"\n");
+    assert!(e.contains("unknown field `pth`"), "{e}");
 }

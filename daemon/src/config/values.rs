@@ -151,6 +151,24 @@ pub fn is_valid_env_name(v: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// A configured project's name (`[projects.NAME]`), as the agent will
+/// type it: the rule of environment names.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProjectName(pub String);
+
+validated!(
+    ProjectName(String),
+    ENV_NAME_RULE,
+    {"type": "string", "pattern": ENV_NAME_PATTERN},
+    |v| {
+        if is_valid_env_name(&v) {
+            Ok(ProjectName(v))
+        } else {
+            Err(format!("{v:?} is not a valid project name"))
+        }
+    }
+);
+
 /// An environment variable name to pass through from the daemon's environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnvVarName(pub String);

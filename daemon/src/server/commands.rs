@@ -93,22 +93,7 @@ impl SandboxServer {
                         .run_invocation(commands, inv, context.ct.clone(), progress)
                         .await;
                 }
-                Answer::Declined | Answer::Cancelled => (
-                    "declined",
-                    ToolError::new(
-                        ErrorCode::ConfirmationDeclined,
-                        format!(
-                            "the user {} running {}; nothing ran",
-                            if answer == Answer::Declined {
-                                "declined"
-                            } else {
-                                "dismissed the question about"
-                            },
-                            offered.tool
-                        ),
-                        "Do not retry on your own; ask the user what they want instead.",
-                    ),
-                ),
+                Answer::Declined | Answer::Cancelled => ("declined", declined(offered, &answer)),
                 Answer::TimedOut => (
                     "expired",
                     ToolError::new(
@@ -399,6 +384,23 @@ pub(super) fn question(commands: &Commands, offered: &Offered, inv: &ResolvedInv
         c.network
             .policy()
             .map_or("off".to_string(), |p| p.summary())
+    )
+}
+
+/// The error for a question the user declined (or dismissed): nothing ran.
+pub(super) fn declined(offered: &Offered, answer: &Answer) -> ToolError {
+    ToolError::new(
+        ErrorCode::ConfirmationDeclined,
+        format!(
+            "the user {} running {}; nothing ran",
+            if *answer == Answer::Declined {
+                "declined"
+            } else {
+                "dismissed the question about"
+            },
+            offered.tool
+        ),
+        "Do not retry on your own; ask the user what they want instead.",
     )
 }
 

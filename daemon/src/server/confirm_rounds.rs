@@ -88,19 +88,7 @@ impl SandboxServer {
                     .into()
             }
             Some(answer) => {
-                let e = ToolError::new(
-                    ErrorCode::ConfirmationDeclined,
-                    format!(
-                        "the user {} running {}; nothing ran",
-                        if answer == Answer::Declined {
-                            "declined"
-                        } else {
-                            "dismissed the question about"
-                        },
-                        offered.tool
-                    ),
-                    "Do not retry on your own; ask the user what they want instead.",
-                );
+                let e = super::commands::declined(offered, &answer);
                 self.audit_command(
                     "declined",
                     inv,

@@ -163,16 +163,17 @@ impl SandboxServer {
             .max()
             .unwrap_or(16 * 1024);
         self.output_bytes.store(output_bytes, Ordering::Relaxed);
+        let run = tool::run_tool(
+            &envs,
+            registry,
+            project,
+            state.unmounted.as_deref(),
+            &state.other_roots,
+            output_bytes,
+            &shared.executor.missing_protections(),
+        );
         *self.tools.write().recover() = vec![
-            tool::run_tool(
-                &envs,
-                registry,
-                project,
-                state.unmounted.as_deref(),
-                &state.other_roots,
-                output_bytes,
-                &shared.executor.missing_protections(),
-            ),
+            tool::with_projects(run, &shared.projects),
             tool::job_tool(shared.jobs.limits()),
         ];
     }

@@ -11,6 +11,7 @@ use super::session_handles::{Reached, Unreachable};
 use super::{SandboxServer, tasks};
 use crate::environment::Environment;
 use crate::exec::ExecError;
+use crate::jail::ProjectMount;
 use crate::jobs::Job;
 use crate::sessions::SessionError;
 
@@ -31,6 +32,35 @@ impl SandboxServer {
                 };
                 McpError::invalid_params(format!("unknown task {task_id:?}: {why}"), None)
             })
+    }
+
+    /// The configured project `name` (`[projects.NAME]`), or the error
+    /// that lists those there are.
+    pub(super) fn named_project<'a>(
+        &'a self,
+        name: &str,
+    ) -> Result<(&'a str, &'a ProjectMount), ToolError> {
+        if let Some((n, m)) = self.shared.projects.get_key_value(name) {
+            return Ok((n.as_str(), m));
+        }
+        let known: Vec<&str> = self.shared.projects.keys().map(String::as_str).collect();
+        Err(if known.is_empty() {
+            ToolError::new(
+                ErrorCode::InvalidInput,
+                format!(
+                    "no project is named {name:?}: `project` names a project the configuration declares ([projects.NAME]), and it declares none"
+                ),
+                "Run without `project`: the project is mounted at /project.",
+            )
+        } else {
+            ToolError::new(
+                ErrorCode::InvalidInput,
+                format!(
+                    "no project is named {name:?}: `project` names a configured project, never a path"
+                ),
+                format!("Use one of: {}.", known.join(", ")),
+            )
+        })
     }
 
     /// The session `given` reaches for this server's caller (a handle, or a
@@ -92,6 +122,13 @@ impl SandboxServer {
                 format!(
                     "Use env {owner} with session {name:?}, or give the {} session another name.",
                     env.name
+                ),
+            ),
+            SessionError::OtherProject { project, .. } => ToolError::new(
+                ErrorCode::SessionMismatch,
+                message,
+                format!(
+                    "Call session {name:?} as it was started (in {project}), or give this one another name."
                 ),
             ),
             SessionError::Gone { .. } => ToolError::new(

@@ -7,11 +7,14 @@ use crate::jobs::Job;
 
 impl SandboxServer {
     /// Starts `code` as a background job and returns at once.
+    /// `named`: the configured project it runs in, when the call named one.
     pub(super) fn start_job(
         &self,
         env: Arc<Environment>,
         code: String,
+        named: Option<NamedProject<'_>>,
     ) -> Result<Arc<Job>, ToolError> {
+        let named = named.map(|(n, m)| (n.to_string(), m.clone()));
         let jobs = &self.shared.jobs;
         let (job, cancel) = jobs.create(&env.name, env.limits, &self.shared.shutdown).map_err(|e| {
             ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
@@ -23,14 +26,15 @@ impl SandboxServer {
         tokio::spawn(async move {
             let observer: Arc<dyn Observer> = task_job.clone();
             let state = server.shared.project_state();
-            let absent = project::absent_protected(state.mount.as_ref());
+            let mount = named.as_ref().map(|(_, m)| m).or(state.mount.as_ref());
+            let absent = project::absent_protected(mount);
             let outcome = server
                 .shared
                 .executor
                 .run(Request {
                     env: &job_env,
                     code: code.as_bytes(),
-                    project: state.mount.as_ref(),
+                    project: mount,
                     inherited: &server.shared.inherited,
                     cancel,
                     observer: Some(observer),
@@ -39,9 +43,12 @@ impl SandboxServer {
             let note = match &outcome {
                 Ok(o) => {
                     server.audit(&job_env, &code, "job", Ok(o));
-                    let title = format!("{} {}", job_env.name, task_job.id);
+                    let mut title = format!("{} {}", job_env.name, task_job.id);
+                    if let Some((name, _)) = &named {
+                        title += &format!(" in project {name}");
+                    }
                     server
-                        .project_note(state.mount.as_ref(), o.upper.clone(), absent, title, None)
+                        .project_note(mount, o.upper.clone(), absent, title, None)
                         .await
                 }
                 Err(e) => {

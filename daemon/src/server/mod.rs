@@ -26,9 +26,10 @@ use crate::audit::{self, AuditLog};
 use crate::config::Config;
 use crate::environment::Environment;
 use crate::exec::{Executor, Observer, Outcome, Request};
+use crate::jail::ProjectMount;
 use crate::jobs::Jobs;
 use crate::registry::{Builds, Gathered, Registry};
-use crate::sessions::{SessionOutcome, Sessions, Start};
+use crate::sessions::{SessionCall, SessionOutcome, Sessions, Start};
 
 mod arguments;
 mod commands;
@@ -87,6 +88,8 @@ pub struct Shared {
     pub audit: Option<Arc<AuditLog>>,
     pub jobs: Jobs,
     pub sessions: Arc<Sessions>,
+    /// `[projects.NAME]`: the projects a call may name in `project`.
+    pub projects: std::collections::BTreeMap<String, ProjectMount>,
 }
 
 impl Shared {
@@ -249,7 +252,7 @@ impl SandboxServer {
         tasks: bool,
     ) -> CallToolResponse {
         let result = async {
-            let args = Arguments::new(args, tool::RUN, &["code", "env", "session", "background"], RUN_SHAPE)?;
+            let args = Arguments::new(args, tool::RUN, &["code", "env", "session", "background", "project"], RUN_SHAPE)?;
             let env_name = args.string("env")?.ok_or_else(|| {
                 ToolError::new(
                     ErrorCode::InvalidInput,
@@ -268,6 +271,10 @@ impl SandboxServer {
                 ));
             }
             let env = self.environment(env_name.trim())?;
+            let named = match args.string("project")? {
+                Some(name) => Some(self.named_project(&name)?),
+                None => None,
+            };
             let session = args.string("session")?;
             if let Some(name) = &session {
                 check_session_name(name).map_err(|m| args.invalid(&m))?;
@@ -275,20 +282,20 @@ impl SandboxServer {
             match (args.bool("background")?.unwrap_or(false), session) {
                 (true, Some(_)) => Err(args.invalid("`session` and `background` cannot be combined: a session runs one call at a time, in the foreground")),
                 (true, None) => {
-                    let job = self.start_job(env, code)?;
+                    let job = self.start_job(env, code, named)?;
                     match tasks.then(|| self.tasks.issue(&self.principal, &job, &self.shared.jobs)).flatten() {
                         Some(task) => Ok(CallToolResponse::Task(task)),
                         None => Ok(job_result::job_started(&job).into()),
                     }
                 }
-                (false, None) => Ok(self.run_now(&env, &code, None, cancel, progress).await.into()),
+                (false, None) => Ok(self.run_now(&env, &code, None, named, cancel, progress).await.into()),
                 (false, Some(name)) => {
                     let handle = match stateless {
                         true => Some(self.reach_session(&name)?.handle),
                         false => None,
                     };
                     let session = SessionRef { name: &name, handle: handle.as_deref() };
-                    Ok(self.run_now(&env, &code, Some(session), cancel, progress).await.into())
+                    Ok(self.run_now(&env, &code, Some(session), named, cancel, progress).await.into())
                 }
             }
         }
@@ -302,6 +309,7 @@ impl SandboxServer {
         env: &Arc<Environment>,
         code: &str,
         session: Option<SessionRef<'_>>,
+        named: Option<NamedProject<'_>>,
         request_cancel: CancellationToken,
         progress: Option<Progress>,
     ) -> CallToolResult {
@@ -309,7 +317,8 @@ impl SandboxServer {
         let live = Arc::new(progress::Live::default());
         let reporter = progress.map(|p| p.report(&live, env.limits.timeout));
         let state = self.shared.project_state();
-        let absent = project::absent_protected(state.mount.as_ref());
+        let mount = named.map(|(_, m)| m).or(state.mount.as_ref());
+        let absent = project::absent_protected(mount);
         let outcome = match session {
             None => self
                 .shared
@@ -317,7 +326,7 @@ impl SandboxServer {
                 .run(Request {
                     env,
                     code: code.as_bytes(),
-                    project: state.mount.as_ref(),
+                    project: mount,
                     inherited: &self.shared.inherited,
                     cancel: cancel.clone(),
                     observer: Some(live),
@@ -329,8 +338,11 @@ impl SandboxServer {
                 .shared
                 .sessions
                 .call(
-                    session.key(),
-                    session.name,
+                    SessionCall {
+                        key: session.key(),
+                        label: session.name,
+                        project: named,
+                    },
                     env,
                     code.as_bytes(),
                     &cancel,
@@ -359,16 +371,14 @@ impl SandboxServer {
                     Some(s) => format!("{} session {:?}", env.name, s.name),
                     None => format!("{} run", env.name),
                 };
+                let title = match named {
+                    Some((name, _)) => format!("{title} in project {name}"),
+                    None => title,
+                };
                 let fresh = matches!(started, Some((Start::New | Start::Restarted(_), _)));
                 let session = session.map(|s| (s.key(), fresh));
-                self.project_note(
-                    state.mount.as_ref(),
-                    o.upper.clone(),
-                    absent,
-                    title,
-                    session,
-                )
-                .await
+                self.project_note(mount, o.upper.clone(), absent, title, session)
+                    .await
             }
             Err(_) => None,
         };
@@ -685,6 +695,9 @@ impl<'a> SessionRef<'a> {
         self.handle.unwrap_or(self.name)
     }
 }
+
+/// A configured project a call names (`[projects.NAME]`): its name and mount.
+type NamedProject<'a> = (&'a str, &'a ProjectMount);
 
 /// The principal of the stdio connection: random, so that nothing sealed
 /// for one server's client is taken for another's.

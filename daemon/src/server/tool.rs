@@ -3,6 +3,7 @@
 //! and the tools of declared commands, built from their declarations.
 //! Kept small on purpose: every token here is paid on every conversation.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
@@ -192,6 +193,37 @@ pub fn job_tool(limits: crate::jobs::JobLimits) -> Tool {
     );
     Tool::new(JOB, description, Arc::new(object(input)))
         .with_annotations(ToolAnnotations::new().destructive(false).open_world(false))
+}
+
+/// The `run` tool with a `project` argument naming one of the configured
+/// projects (`[projects.NAME]`), when there are any: only those names,
+/// never a path.
+pub fn with_projects(mut run: Tool, projects: &BTreeMap<String, ProjectMount>) -> Tool {
+    if projects.is_empty() {
+        return run;
+    }
+    let names: Vec<&str> = projects.keys().map(String::as_str).collect();
+    let mut input = (*run.input_schema).clone();
+    if let Some(Value::Object(properties)) = input.get_mut("properties") {
+        properties.insert(
+            "project".into(),
+            json!({"type": "string", "enum": names, "description": "Run in this project instead"}),
+        );
+    }
+    run.input_schema = Arc::new(input);
+    let listed: Vec<String> = projects
+        .iter()
+        .map(|(name, m)| format!("{name} ({})", m.host_path.display()))
+        .collect();
+    let d = run.description.take().unwrap_or_default();
+    run.description = Some(
+        format!(
+            "{d}\nOther projects (`project`, mounted at the same place): {}.",
+            listed.join(", ")
+        )
+        .into(),
+    );
+    run
 }
 
 /// The `run` tool, mentioning the declared commands when there are any.

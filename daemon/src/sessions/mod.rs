@@ -44,12 +44,25 @@ pub enum SessionError {
     Unsupported(String),
     #[error("session {name:?} belongs to environment {env}")]
     OtherEnv { name: String, env: String },
+    #[error("session {name:?} works in {project}")]
+    OtherProject { name: String, project: String },
     #[error("session {name:?} was closed: {why}; its state is gone")]
     Gone { name: String, why: String },
     #[error("all {max} sessions ({names}) are in a call right now")]
     Full { max: usize, names: String },
     #[error(transparent)]
     Exec(#[from] ExecError),
+}
+
+/// The session a call names.
+#[derive(Clone, Copy)]
+pub struct SessionCall<'a> {
+    /// The table's key.
+    pub key: &'a str,
+    /// What the caller calls it, in messages.
+    pub label: &'a str,
+    /// The configured project it works in (`[projects.NAME]`), by name.
+    pub project: Option<(&'a str, &'a ProjectMount)>,
 }
 
 /// How this call found its session.
@@ -88,6 +101,9 @@ struct Session {
     /// What its caller names it (the table's key, or under the stateless
     /// revision the name behind the handle that keys it).
     label: String,
+    /// The configured project it works in, when the call named one
+    /// (`[projects.NAME]`); else the project of the server.
+    project: Option<(String, ProjectMount)>,
     env: Arc<Environment>,
     created: Instant,
     last_used: Mutex<Instant>,
@@ -127,12 +143,11 @@ impl Sessions {
         }
     }
 
-    /// Runs `code` in session `name` of `env`, creating the session on first
-    /// use; `label` is what the caller calls it, in messages.
+    /// Runs `code` in the session `call` names, of `env`, creating the
+    /// session on first use.
     pub async fn call(
         &self,
-        name: &str,
-        label: &str,
+        call: SessionCall<'_>,
         env: &Arc<Environment>,
         code: &[u8],
         cancel: &CancellationToken,
@@ -141,7 +156,8 @@ impl Sessions {
         let kind = env
             .kind
             .ok_or_else(|| SessionError::Unsupported(env.name.clone()))?;
-        let in_call = self.session(name, label, env)?;
+        let name = call.key;
+        let in_call = self.session(call, env)?;
         let session = &in_call.0;
         // Calls on one session queue here, before they take a run slot.
         let mut state = tokio::select! {
@@ -165,7 +181,8 @@ impl Sessions {
             }
         };
         if state.agent.is_none() {
-            match self.start_agent(env, kind, cancel).await {
+            let project = session.project.as_ref().map(|(_, m)| m);
+            match self.start_agent(env, kind, project, cancel).await {
                 Ok(agent) => state.agent = Some(agent),
                 Err(e) => {
                     self.forget_unstarted(name, session, &state);
@@ -214,16 +231,29 @@ impl Sessions {
     /// closes it to make room in between.
     fn session(
         &self,
-        name: &str,
-        label: &str,
+        call: SessionCall<'_>,
         env: &Arc<Environment>,
     ) -> Result<InCall, SessionError> {
+        let SessionCall {
+            key: name,
+            label,
+            project,
+        } = call;
         let mut table = self.table.lock().recover();
         if let Some(s) = table.get(name) {
             if s.env.name != env.name {
                 return Err(SessionError::OtherEnv {
                     name: label.to_string(),
                     env: s.env.name.clone(),
+                });
+            }
+            let theirs = s.project.as_ref().map(|(n, _)| n.as_str());
+            if theirs != project.map(|(n, _)| n) {
+                return Err(SessionError::OtherProject {
+                    name: label.to_string(),
+                    project: theirs.map_or("the server's project".to_string(), |n| {
+                        format!("project {n}")
+                    }),
                 });
             }
             return Ok(InCall::enter(s));
@@ -257,6 +287,7 @@ impl Sessions {
         }
         let s = Arc::new(Session {
             label: label.to_string(),
+            project: project.map(|(n, m)| (n.to_string(), m.clone())),
             env: env.clone(),
             created: Instant::now(),
             last_used: Mutex::new(Instant::now()),
@@ -267,19 +298,21 @@ impl Sessions {
         Ok(InCall::enter(&s))
     }
 
+    /// `project`: the session's own, else the server's.
     async fn start_agent(
         &self,
         env: &Environment,
         kind: InterpreterKind,
+        project: Option<&ProjectMount>,
         cancel: &CancellationToken,
     ) -> Result<Sandbox, SessionError> {
-        let project = self.project.read().recover().clone();
+        let servers = self.project.read().recover().clone();
         let mut sandbox = self
             .executor
             .start_agent(AgentRequest {
                 env,
                 cancel,
-                project: project.as_ref(),
+                project: project.or(servers.as_ref()),
                 inherited: &self.inherited,
                 program: agent::program_for(kind).as_bytes(),
             })
