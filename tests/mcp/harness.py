@@ -192,12 +192,17 @@ async def tool_changes(s: ClientSession, notes: list) -> AsyncIterator[None]:
             tg.cancel_scope.cancel()
 
 
-def legacy_only(why: str) -> None:
-    """Skips the calling test under the stateless revision, which lacks
-    what it exercises (`why`)."""
-    if STATELESS:
-        import pytest
-        pytest.skip(f"2025-11-25 only: {why}")
+def legacy_only(why: str) -> Any:
+    """Marks a test of what only the handshake revisions have (`why`):
+    skipped in the stateless pass, where it is reported at the test."""
+    import pytest
+    return pytest.mark.skipif(STATELESS, reason=f"2025-11-25 only: {why}")
+
+
+def stateless_only() -> Any:
+    """Marks a test of what only 2026-07-28 has: skipped in the 2025-11-25 pass."""
+    import pytest
+    return pytest.mark.skipif(not STATELESS, reason="2026-07-28 only: runs in the stateless pass of the suite")
 
 
 class RootsClient:
@@ -228,7 +233,6 @@ async def roots_session(client: RootsClient, cwd: pathlib.Path, project: str = "
                         config: str | None = None) -> AsyncIterator[ClientSession]:
     """A session of a client that lists `client.roots` (none: no roots
     capability), with the server started in `cwd`; no PROJECT_DIR unless `project`."""
-    legacy_only("roots/list is a server-to-client request, which the stateless revision has not")
     params = server_params(project=project, cwd=str(cwd), env=env, config=config)
     with open(os.devnull, "w") if not os.environ.get("NSM_SHOW_SERVER_LOG") else contextlib.nullcontext(None) as errlog:
         ctx = stdio_client(params, errlog=errlog) if errlog else stdio_client(params)

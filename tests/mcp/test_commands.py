@@ -23,8 +23,8 @@ from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import stdio_client
 
-from harness import (BIN, STATELESS, call_tool, dump, legacy_only, processes_with, readable_tmpdir, require_test_knobs,
-                     run_async, server_params, start, tool_changes, write_config)
+from harness import (BIN, call_tool, dump, legacy_only, processes_with, readable_tmpdir, require_test_knobs, run_async,
+                     server_params, start, stateless_only, tool_changes, write_config)
 
 require_test_knobs()
 
@@ -385,11 +385,11 @@ def test_confirmation_by_elicitation(answer, code):
     assert events == (["asked", "confirmed", "run"] if code is None else ["asked", "declined"]), events
 
 
+@legacy_only("under 2026-07-28 the question goes back in the result, and the client, not the server, waits for the user")
 def test_a_call_waiting_for_the_users_answer_reports_progress():
     """While the user thinks, the call reports that it waits for them (which
     keeps clients with short request timeouts waiting); once they agree, the
     run's progress goes on from there: the values only grow."""
-    legacy_only("under 2026-07-28 the question goes back in the result, and the client, not the server, waits for the user")
     config, _ = confirmed_config()
     updates: list[tuple[float, float | None, str | None]] = []
 
@@ -540,11 +540,6 @@ def test_a_read_write_project_s_declaration_file_is_ignored():
 # sealed requestState, and every way a state can be refused. Driven by hand
 # (the first round, then retries with chosen answers and states).
 
-def stateless_only() -> None:
-    if not STATELESS:
-        pytest.skip("2026-07-28 only: runs in the stateless pass of the suite")
-
-
 async def first_round(s: ClientSession, args: dict) -> types.InputRequiredResult:
     first = await s.call_tool("deploy", args, allow_input_required=True)
     assert isinstance(first, types.InputRequiredResult), first
@@ -565,8 +560,8 @@ def never(*_: Any) -> Any:
     raise AssertionError("the server must not ask the client anything under 2026-07-28")
 
 
+@stateless_only()
 def test_the_question_comes_back_in_the_result_and_the_answer_runs_it_once():
-    stateless_only()
     config, audit = confirmed_config()
     args = {"branch": "main"}
 
@@ -592,9 +587,9 @@ def test_the_question_comes_back_in_the_result_and_the_answer_runs_it_once():
     assert events == ["asked", "confirmed", "run", "refused", "asked", "asked"], events
 
 
+@stateless_only()
 @pytest.mark.parametrize("tamper", ["altered", "made up", "other arguments", "other server"])
 def test_a_state_that_is_not_this_calls_runs_nothing(tamper):
-    stateless_only()
     config, audit = confirmed_config()
     args = {"branch": "main"}
     words = {"altered": "not issued by this server", "made up": "not issued by this server",
@@ -622,10 +617,10 @@ def test_a_state_that_is_not_this_calls_runs_nothing(tamper):
     assert "run" not in [e["event"] for e in audit_events(audit)]
 
 
+@stateless_only()
 def test_an_expired_state_runs_nothing():
     """States last as long as the question (1.5 s here); the answer comes
     after 3 s."""
-    stateless_only()
     config, audit = confirmed_config()
     args = {"branch": "main"}
 
@@ -640,9 +635,9 @@ def test_an_expired_state_runs_nothing():
     assert [e["event"] for e in audit_events(audit)] == ["asked", "expired"]
 
 
+@stateless_only()
 @pytest.mark.parametrize("action,approve", [("accept", False), ("decline", True), ("cancel", True)])
 def test_a_declined_answer_runs_nothing(action, approve):
-    stateless_only()
     config, audit = confirmed_config()
     args = {"branch": "main"}
 
@@ -655,8 +650,8 @@ def test_a_declined_answer_runs_nothing(action, approve):
     assert [e["event"] for e in audit_events(audit)] == ["asked", "declined"]
 
 
+@stateless_only()
 def test_a_client_that_cannot_ask_gets_a_token_under_2026_too():
-    stateless_only()
     config, _ = confirmed_config()
 
     async def t():

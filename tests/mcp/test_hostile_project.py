@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from harness import BIN, RawServer, call, dump, readable_tmpdir, run_async, session, write_config
+from harness import (BIN, RawServer, call, dump, legacy_only, readable_tmpdir, run_async, session, write_config)
 from test_project import writable_project
 
 
@@ -269,6 +269,7 @@ def test_a_readwrite_projects_whole_git_directory_is_read_only():
     assert after == before
 
 
+@legacy_only("roots/list is a server-to-client request, which the stateless revision has not")
 def test_roots_that_are_not_a_project_are_refused_and_said_so():
     from harness import RootsClient, roots_session
     from test_roots import folder, project_listing, run_description, uri

@@ -14,7 +14,7 @@ import pytest
 from mcp import MCPError
 from mcp.types import REQUEST_TIMEOUT
 
-from harness import STATELESS, RawServer, call, dump, processes_with, readable_tmpdir, run_async, session, write_config
+from harness import (RawServer, call, dump, processes_with, readable_tmpdir, run_async, session, stateless_only, write_config)
 
 
 def marker() -> str:
@@ -328,13 +328,8 @@ class TaskClient:
             time.sleep(0.1)
 
 
-def stateless_only() -> None:
-    if not STATELESS:
-        pytest.skip("2026-07-28 only: runs in the stateless pass of the suite")
-
-
+@stateless_only()
 def test_a_background_run_is_a_task_polled_to_its_result():
-    stateless_only()
     c = TaskClient()
     try:
         r = c.run("echo started; sleep 2; echo done", background=True)["result"]
@@ -359,8 +354,8 @@ def test_a_background_run_is_a_task_polled_to_its_result():
         c.srv.close()
 
 
+@stateless_only()
 def test_a_cancelled_task_kills_its_run():
-    stateless_only()
     marker = f"nsm-task-{uuid.uuid4().hex[:8]}"
     c = TaskClient()
     try:
@@ -376,8 +371,8 @@ def test_a_cancelled_task_kills_its_run():
         c.srv.close()
 
 
+@stateless_only()
 def test_an_unknown_task_is_refused_and_the_extension_is_asked_for():
-    stateless_only()
     c = TaskClient()
     other = TaskClient()
     try:

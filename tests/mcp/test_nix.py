@@ -19,7 +19,8 @@ import pytest
 from mcp import ClientSession, types
 from mcp.client.stdio import stdio_client
 
-from harness import BIN, MODE, ROOT, RootsClient, call, dump, roots_session, run_async, server_params, session, write_config
+from harness import (BIN, MODE, ROOT, RootsClient, call, dump, legacy_only, roots_session, run_async, server_params, session,
+                     write_config)
 
 pytestmark = pytest.mark.skipif(MODE != "closure" or shutil.which("nix") is None, reason="the Nix tier runs these")
 
@@ -214,6 +215,7 @@ def test_use_flake_without_the_nix_package_says_what_is_missing():
 
 
 
+@legacy_only("roots/list is a server-to-client request, which the stateless revision has not")
 def test_use_flake_builds_the_devshell_of_the_clients_root():
     """The project of `[project] use_flake` follows the client's roots: the
     working directory has no flake, the root's is built (and here refused

@@ -11,7 +11,8 @@ import pathlib
 import stat
 import subprocess
 
-from harness import BIN, RawServer, call, dump, readable_tmpdir, run_async, server_params, session, write_config
+from harness import (BIN, RawServer, call, dump, readable_tmpdir, run_async, server_params, session, stateless_only,
+                     write_config)
 
 
 def writable_project() -> pathlib.Path:
@@ -420,3 +421,18 @@ def test_a_configured_project_that_cannot_be_mounted_stops_the_server():
     r = subprocess.run([BIN, *p.args], env={**os.environ, **(p.env or {})}, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "[projects.gone]" in r.stderr and "/nonexistent/nsm-project" in r.stderr, r.stderr
+
+
+@stateless_only()
+def test_a_stateless_client_gets_the_working_directory_and_is_never_asked_for_roots():
+    """Under 2026-07-28 the server sends no requests: without a configured
+    project it is the directory the server started in."""
+    cwd = readable_tmpdir()
+    (cwd / "here.txt").write_text("started here\n")
+    (cwd / "here.txt").chmod(0o644)
+
+    async def t():
+        async with session(project="", cwd=str(cwd)) as s:
+            sc, _, err = await call(s, "bash", "cat /project/here.txt")
+            assert not err and sc["stdout"] == "started here\n", sc
+    run_async(t)

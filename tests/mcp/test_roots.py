@@ -10,11 +10,12 @@ import pathlib
 import urllib.parse
 import warnings
 
-import pytest
-
 from mcp.client.session import ClientSession
 
-from harness import STATELESS, RootsClient, call, readable_tmpdir, roots_session, run_async, session
+from harness import RootsClient, call, legacy_only, readable_tmpdir, roots_session, run_async
+
+# Roots are a server-to-client request (roots/list), which 2026-07-28 has not.
+pytestmark = legacy_only("roots/list is a server-to-client request, which the stateless revision has not")
 
 
 def folder(name: str, marker: str, commands: str | None = None) -> pathlib.Path:
@@ -156,18 +157,3 @@ def test_a_client_without_roots_gets_the_working_directory():
 
     run_async(t)
 
-
-def test_a_stateless_client_gets_the_working_directory_and_is_never_asked_for_roots():
-    """Under 2026-07-28 the server sends no requests: without a configured
-    project it is the directory the server started in."""
-    if not STATELESS:
-        pytest.skip("2026-07-28 only: runs in the stateless pass of the suite")
-    cwd = readable_tmpdir()
-    (cwd / "here.txt").write_text("started here\n")
-    (cwd / "here.txt").chmod(0o644)
-
-    async def t():
-        async with session(project="", cwd=str(cwd)) as s:
-            sc, _, err = await call(s, "bash", "cat /project/here.txt")
-            assert not err and sc["stdout"] == "started here\n", sc
-    run_async(t)

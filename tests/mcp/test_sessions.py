@@ -14,8 +14,8 @@ import uuid
 import anyio
 import pytest
 
-from harness import (STATELESS, RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session,
-                     write_config)
+from harness import (RawServer, call, dump, limits_mechanism, processes_with, readable_tmpdir, run_async, session,
+                     stateless_only, write_config)
 
 
 def marker() -> str:
@@ -528,9 +528,8 @@ def test_sessions_die_with_the_server():
 # --- Handles (2026-07-28): a session a call names gets a handle bound to the
 # caller; calls may name the handle or the name.
 
+@stateless_only()
 def test_a_session_has_a_handle_that_reaches_it_and_nothing_else_does():
-    if not STATELESS:
-        pytest.skip("2026-07-28 only: runs in the stateless pass of the suite")
     import re
 
     async def t():
