@@ -63,10 +63,12 @@ CONFIGURATION
 
 ENVIRONMENT
     PROJECT_DIR        Host directory mounted as the project (overrides [project] path).
-                       Unset: the client's first file:// root (MCP roots, followed
-                       as they change), else the current directory; never /, a
-                       system directory, a home directory, a directory holding one,
-                       or one under a home's dot-directories (~/.ssh, ~/.config).
+                       Unset: the client's first file:// root (MCP roots under
+                       2025-11-25, followed as they change), else the current
+                       directory; never /, a system directory, a home directory,
+                       a directory holding one, or one under a home's
+                       dot-directories (~/.ssh, ~/.config). [projects.NAME] adds
+                       projects a call may name (docs/project.md).
     PROJECT_MOUNT      Where the project appears in the sandbox (default /project).
     NIX_SANDBOX_DIR    Directories (colon-separated) of pre-built sandbox artifacts
                        (default: ~/.config/nix-sandbox-mcp/sandboxes).
