@@ -513,3 +513,42 @@ class HostListeners:
         for _, _, tcp, udp in self.targets:
             tcp.close()
             udp.close()
+
+
+TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+
+
+class TaskClient:
+    """A raw client that declares the tasks extension on every request (the
+    Python SDK has no client for the extension)."""
+
+    def __init__(self, config: str | None = None) -> None:
+        self.srv = RawServer(config=config)
+        self.next_id = 100
+
+    def request(self, method: str, params: dict, capabilities: dict | None = None) -> dict:
+        self.next_id += 1
+        meta = {"io.modelcontextprotocol/clientCapabilities": TASKS if capabilities is None else capabilities}
+        self.srv.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": {**params, "_meta": meta}})
+        while True:
+            reply = self.srv.recv(timeout=30)
+            if reply.get("id") == self.next_id:
+                return reply
+
+    def call(self, tool: str, args: dict) -> dict:
+        return self.request("tools/call", {"name": tool, "arguments": args})
+
+    def run(self, code: str, **extra) -> dict:
+        return self.request("tools/call", {"name": "run", "arguments": {"env": "bash", "code": code, **extra}})
+
+    def get(self, task_id: str) -> dict:
+        return self.request("tasks/get", {"taskId": task_id})
+
+    def until(self, task_id: str, status: str, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.get(task_id)["result"]
+            if r["status"] == status or time.monotonic() > deadline:
+                assert r["status"] == status, r
+                return r
+            time.sleep(0.1)

@@ -23,8 +23,8 @@ from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import stdio_client
 
-from harness import (BIN, call_tool, dump, legacy_only, processes_with, readable_tmpdir, require_test_knobs, run_async,
-                     server_params, start, stateless_only, tool_changes, write_config)
+from harness import (BIN, TaskClient, call_tool, dump, legacy_only, processes_with, readable_tmpdir, require_test_knobs,
+                     run_async, server_params, start, stateless_only, tool_changes, write_config)
 
 require_test_knobs()
 
@@ -158,6 +158,7 @@ disabled = true
                 "properties": {
                     "pattern": {"type": "string", "description": "Text to find"},
                     "where": {"type": "string", "description": "Path in the project", "default": "src"},
+                    "background": {"type": "boolean", "description": "Return a job id at once"},
                 },
                 "required": ["pattern"],
                 "additionalProperties": False,
@@ -662,3 +663,49 @@ def test_a_client_that_cannot_ask_gets_a_token_under_2026_too():
             sc, _, err = await call(s, "confirm", {"token": conf["token"], "command": "deploy", "arguments": {"branch": "main"}})
             assert not err and sc["stdout"] == "deploying main\n", dump(sc)
     run_async(t)
+
+
+# --- Declared commands in the background: a job (or, for a client that
+# declares the tasks extension under 2026-07-28, a task).
+
+def test_a_declared_command_runs_in_the_background_when_asked():
+    config, audit = confirmed_config()
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    async def t():
+        async with client(config=config, project=make_project(), elicit=elicit) as s:
+            deploy = {t.name: t for t in (await s.list_tools()).tools}["deploy"]
+            assert deploy.input_schema["properties"]["background"]["type"] == "boolean", deploy.input_schema
+            sc, _, err = await call(s, "deploy", {"branch": "main", "background": True})
+            assert not err and sc["job"].startswith("job-") and "stdout" not in sc, dump(sc)
+            res = await s.call_tool("job", {"id": sc["job"], "wait_seconds": 30})
+            assert res.structured_content["stdout"] == "deploying main\n", res.structured_content
+            sc, _, err = await call(s, "deploy", {"branch": "main", "background": "yes"})
+            assert err and sc["error"]["code"] == "invalid_input" and "`background`" in sc["error"]["message"], dump(sc)
+    run_async(t)
+    assert [e["event"] for e in audit_events(audit)] == ["asked", "confirmed", "run"]
+
+
+@stateless_only()
+def test_a_declared_command_in_the_background_is_a_task_for_a_client_that_declares_tasks():
+    config, _ = confirmed_config()
+    c = TaskClient(config=config)
+    try:
+        # A token for a client that cannot ask its user; then the confirmed run, as a task.
+        conf = c.call("deploy", {"branch": "main", "background": True})["result"]["structuredContent"]["confirmation"]
+        r = c.call("confirm", {"token": conf["token"], "command": "deploy", "arguments": conf["arguments"]})["result"]
+        assert r["resultType"] == "task" and r["taskId"].startswith("t_"), r
+        # Each poll gives the output new since the last: gathered until the end.
+        seen, deadline = "", time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = c.get(r["taskId"])["result"]
+            seen += got["_meta"]["nix-sandbox-mcp/job"].get("stdout", "")
+            if got["status"] != "working":
+                break
+            time.sleep(0.1)
+        assert got["status"] == "completed" and got["result"]["isError"] is False, got
+        assert seen == "deploying main\n", seen
+    finally:
+        c.srv.close()

@@ -14,7 +14,8 @@ import pytest
 from mcp import MCPError
 from mcp.types import REQUEST_TIMEOUT
 
-from harness import (RawServer, call, dump, processes_with, readable_tmpdir, run_async, session, stateless_only, write_config)
+from harness import (TaskClient, call, dump, fixture_project, processes_with, readable_tmpdir, run_async, session, stateless_only,
+                     write_config)
 
 
 def marker() -> str:
@@ -293,46 +294,15 @@ def test_waiting_on_a_job_reports_progress():
 # --- Jobs as tasks (the io.modelcontextprotocol/tasks extension, 2026-07-28).
 # The Python SDK has no client for the extension: raw JSON-RPC.
 
-TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
-
-
-class TaskClient:
-    """A raw client that declares the tasks extension on every request."""
-
-    def __init__(self) -> None:
-        self.srv = RawServer()
-        self.next_id = 100
-
-    def request(self, method: str, params: dict, capabilities: dict | None = None) -> dict:
-        self.next_id += 1
-        meta = {"io.modelcontextprotocol/clientCapabilities": TASKS if capabilities is None else capabilities}
-        self.srv.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": {**params, "_meta": meta}})
-        while True:
-            reply = self.srv.recv(timeout=30)
-            if reply.get("id") == self.next_id:
-                return reply
-
-    def run(self, code: str, **extra) -> dict:
-        return self.request("tools/call", {"name": "run", "arguments": {"env": "bash", "code": code, **extra}})
-
-    def get(self, task_id: str) -> dict:
-        return self.request("tasks/get", {"taskId": task_id})
-
-    def until(self, task_id: str, status: str, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            r = self.get(task_id)["result"]
-            if r["status"] == status or time.monotonic() > deadline:
-                assert r["status"] == status, r
-                return r
-            time.sleep(0.1)
-
-
 @stateless_only()
 def test_a_background_run_is_a_task_polled_to_its_result():
-    c = TaskClient()
+    # Read-write, so that the running job sees the file the test creates: it
+    # ends only once the test has seen it working.
+    c = TaskClient(config=write_config('[project]\nmode = "readwrite"\n'))
+    gate = fixture_project() / f"go-{uuid.uuid4().hex[:8]}"
     try:
-        r = c.run("echo started; sleep 2; echo done", background=True)["result"]
+        r = c.run(f"echo started; while [ ! -e /project/{gate.name} ]; do sleep 0.05; done; echo done",
+                  background=True)["result"]
         assert r["resultType"] == "task" and r["status"] == "working", r
         task_id = r["taskId"]
         assert task_id.startswith("t_") and len(task_id) == 34 and r["pollIntervalMs"] == 1000, r
@@ -345,13 +315,16 @@ def test_a_background_run_is_a_task_polled_to_its_result():
             assert got["status"] in ("working", "completed"), got
             seen += got["_meta"]["nix-sandbox-mcp/job"].get("stdout", "")
             time.sleep(0.1)
-        assert "started" in seen, seen
+        assert "started" in seen and got["status"] == "working", (seen, got)
+        gate.touch()
         done = c.until(task_id, "completed")
         result = done["result"]
-        assert result["isError"] is False and "done" in result["structuredContent"]["stdout"], done
+        # The result is the job tool's for it: the output new since the last poll.
+        assert result["isError"] is False and result["structuredContent"]["exit_code"] == 0, done
         assert result["structuredContent"]["ran"]["environment"] == "bash", result
     finally:
         c.srv.close()
+        gate.unlink(missing_ok=True)
 
 
 @stateless_only()

@@ -240,6 +240,28 @@ impl From<ValueError> for InvalidArguments {
 
 /// Checks a call's arguments against `command`'s parameters and builds the
 /// invocation. Null counts as absent.
+/// `args` without [`super::params::BACKGROUND`], and whether it asked for
+/// a background run.
+pub fn split_background(
+    args: Option<&JsonObject>,
+) -> Result<(Option<JsonObject>, bool), InvalidArguments> {
+    let Some(args) = args else {
+        return Ok((None, false));
+    };
+    let mut rest = args.clone();
+    let background = match rest.remove(super::params::BACKGROUND) {
+        None => false,
+        Some(serde_json::Value::Bool(b)) => b,
+        Some(other) => {
+            return Err(InvalidArguments {
+                param: Some(super::params::BACKGROUND.to_string()),
+                message: format!("`background` must be true or false, not {other}"),
+            });
+        }
+    };
+    Ok((Some(rest), background))
+}
+
 pub fn resolve(
     command: &Command,
     args: Option<&JsonObject>,

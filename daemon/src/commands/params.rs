@@ -126,6 +126,15 @@ impl Param {
                 "use letters, digits and '_', starting with a letter or '_' (it becomes {{name}} in argv)",
             ));
         }
+        if name == BACKGROUND {
+            return Err(problem(
+                "",
+                format!(
+                    "{name:?} is reserved: every command's tool takes `background` (run as a job)"
+                ),
+                "give the parameter another name",
+            ));
+        }
         let only_for = |key: &'static str, set: bool, kinds: &[ParamKind]| {
             if set && !kinds.contains(&d.kind) {
                 Err(problem(
@@ -513,12 +522,21 @@ pub fn resolve_in_project(
     })
 }
 
-/// The input schema of a command's tool: one property per parameter.
+/// The argument every command's tool takes besides its parameters: run
+/// as a background job (a task, for a client that declares the extension).
+pub const BACKGROUND: &str = "background";
+
+/// The input schema of a command's tool: one property per parameter, and
+/// [`BACKGROUND`].
 pub fn input_schema(params: &[Param]) -> serde_json::Map<String, Value> {
-    let properties: serde_json::Map<String, Value> = params
+    let mut properties: serde_json::Map<String, Value> = params
         .iter()
         .map(|p| (p.name.clone(), p.schema()))
         .collect();
+    properties.insert(
+        BACKGROUND.into(),
+        json!({"type": "boolean", "description": "Return a job id at once"}),
+    );
     let required: Vec<&str> = params
         .iter()
         .filter(|p| p.required)

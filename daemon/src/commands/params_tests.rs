@@ -158,8 +158,15 @@ fn the_schema_says_type_range_values_and_default() {
     ]);
     assert_eq!(
         Value::Object(s),
-        json!({"type": "object", "properties": {"p": {"type": "string"}, "q": {"type": "boolean"}}, "required": ["p"], "additionalProperties": false})
+        json!({"type": "object", "properties": {"p": {"type": "string"}, "q": {"type": "boolean"}, "background": {"type": "boolean", "description": "Return a job id at once"}}, "required": ["p"], "additionalProperties": false})
     );
+}
+
+#[test]
+fn background_is_every_tool_s_and_no_parameter_s() {
+    let e =
+        Param::from_decl(BACKGROUND, &toml::from_str("type = \"boolean\"").unwrap()).unwrap_err();
+    assert!(e.message.contains("reserved"), "{}", e.message);
 }
 
 fn project() -> (tempfile::TempDir, ProjectMount) {

@@ -19,6 +19,7 @@ use crate::audit::CommandEntry;
 use crate::commands::confirm::{self, Answer, Redeemed};
 use crate::commands::invocation::{self, InvalidArguments};
 use crate::commands::{Commands, Offered, ResolvedInvocation};
+use crate::environment::Environment;
 use crate::exec::{Argv, ExecError, Outcome, Request, SetupFailure};
 use crate::jail::ProjectAccess;
 
@@ -35,37 +36,48 @@ impl SandboxServer {
         context: &RequestContext<RoleServer>,
         progress: Option<Progress>,
     ) -> CallToolResponse {
-        let inv = match invocation::resolve(&offered.command, args, commands.project()) {
-            Ok(inv) => inv,
+        let resolved = invocation::split_background(args).and_then(|(rest, background)| {
+            invocation::resolve(&offered.command, rest.as_ref(), commands.project())
+                .map(|inv| (inv, background))
+        });
+        let (inv, background) = match resolved {
+            Ok(r) => r,
             Err(e) => return result::error_result(&invalid_arguments(offered, e)).into(),
+        };
+        let how = How {
+            background,
+            tasks: super::stateless(context)
+                && context
+                    .client_capabilities()
+                    .is_some_and(|c| c.supports_tasks()),
         };
         if !offered.command.confirm {
             return self
-                .run_invocation(commands, &inv, context.ct.clone(), progress)
-                .await
-                .into();
+                .run_invocation(commands, &inv, how, context.ct.clone(), progress)
+                .await;
         }
         if super::stateless(context) {
             return self
-                .confirm_in_rounds(commands, offered, args, &inv, retry, context, progress)
+                .confirm_in_rounds(commands, offered, args, &inv, how, retry, context, progress)
                 .await;
         }
-        self.confirm_by_asking(commands, offered, args, &inv, context, progress)
+        self.confirm_by_asking(commands, offered, args, &inv, how, context, progress)
             .await
-            .into()
     }
 
     /// Confirmation under 2025-11-25: the server asks the client's user
     /// (elicitation) and waits; without elicitation, a token.
+    #[allow(clippy::too_many_arguments)]
     async fn confirm_by_asking(
         &self,
         commands: &Commands,
         offered: &Offered,
         args: Option<&JsonObject>,
         inv: &ResolvedInvocation,
+        how: How,
         context: &RequestContext<RoleServer>,
         progress: Option<Progress>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         let digest = inv.digest();
         if confirm::client_can_ask(context.client_capabilities().as_ref()) {
             self.audit_command("asked", inv, Some("elicitation"), None, None);
@@ -90,7 +102,7 @@ impl SandboxServer {
                     self.audit_command("confirmed", inv, Some("elicitation"), None, None);
                     let progress = progress.map(|p| p.after(asked.elapsed()));
                     return self
-                        .run_invocation(commands, inv, context.ct.clone(), progress)
+                        .run_invocation(commands, inv, how, context.ct.clone(), progress)
                         .await;
                 }
                 Answer::Declined | Answer::Cancelled => ("declined", declined(offered, &answer)),
@@ -121,7 +133,9 @@ impl SandboxServer {
                         "cannot ask the user to confirm {}: {why}; handing out a token instead",
                         offered.tool
                     );
-                    return self.issue_token(commands, offered, args, inv, digest);
+                    return self
+                        .issue_token(commands, offered, args, inv, digest)
+                        .into();
                 }
             };
             self.audit_command(
@@ -131,9 +145,10 @@ impl SandboxServer {
                 None,
                 Some(error.code.as_str()),
             );
-            return result::error_result(&error);
+            return result::error_result(&error).into();
         }
         self.issue_token(commands, offered, args, inv, digest)
+            .into()
     }
 
     /// The result that hands out a token for `inv`.
@@ -185,14 +200,16 @@ impl SandboxServer {
         )
     }
 
-    /// Handles a `confirm` call: runs the invocation its token was issued for.
+    /// Handles a `confirm` call: runs the invocation its token was issued for
+    /// (as a job when its arguments say `background`; a task when `tasks`).
     pub(super) async fn confirm(
         &self,
         commands: &Commands,
         args: Option<&JsonObject>,
+        tasks: bool,
         cancel: CancellationToken,
         progress: Option<Progress>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
         let result = async {
             let args = super::Arguments::new(args, tool::CONFIRM, &["token", "command", "arguments"], CONFIRM_SHAPE)?;
             let token = args.string("token")?.ok_or_else(|| args.invalid("missing argument `token`"))?;
@@ -218,13 +235,16 @@ impl SandboxServer {
                         confirmable.join(", ")
                     ))
                 })?;
+            let (arguments, background) = invocation::split_background(arguments.as_ref())
+                .map_err(|e| invalid_arguments(offered, e))?;
             let inv = invocation::resolve(&offered.command, arguments.as_ref(), commands.project())
                 .map_err(|e| invalid_arguments(offered, e))?;
+            let how = How { background, tasks };
             let again = format!("Call {} again for a new token.", offered.tool);
             match commands.tokens.redeem(&token, &inv.digest()) {
                 Redeemed::Valid => {
                     self.audit_command("confirmed", &inv, Some("token"), None, None);
-                    Ok(self.run_invocation(commands, &inv, cancel, progress).await)
+                    Ok(self.run_invocation(commands, &inv, how, cancel, progress).await)
                 }
                 Redeemed::Expired => {
                     let e = ToolError::new(
@@ -255,23 +275,52 @@ impl SandboxServer {
             }
         }
         .await;
-        result.unwrap_or_else(|e| result::error_result(&e))
+        result.unwrap_or_else(|e| result::error_result(&e).into())
     }
 
     /// Runs an invocation in its environment's jail with the command's
     /// limits, and records it.
+    /// `how`: in the foreground, or as a job (a task for a client that
+    /// declared the extension).
     pub(super) async fn run_invocation(
         &self,
         commands: &Commands,
         inv: &ResolvedInvocation,
+        how: How,
         request_cancel: CancellationToken,
         progress: Option<Progress>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
+        let env = match self.command_env(inv) {
+            Ok(env) => env,
+            Err(e) => return result::error_result(&e).into(),
+        };
+        if how.background {
+            let job = match self.start_command_job(commands, inv, env) {
+                Ok(job) => job,
+                Err(e) => return result::error_result(&e).into(),
+            };
+            return match how
+                .tasks
+                .then(|| self.tasks.issue(&self.principal, &job, &self.shared.jobs))
+                .flatten()
+            {
+                Some(task) => CallToolResponse::Task(task),
+                None => super::job_result::job_started(&job).into(),
+            };
+        }
+        self.run_in_foreground(commands, inv, env, request_cancel, progress)
+            .await
+            .into()
+    }
+
+    /// The environment a command runs in: its environment's, with the
+    /// command's time limit, output, network and variables.
+    pub(super) fn command_env(&self, inv: &ResolvedInvocation) -> Result<Environment, ToolError> {
         let base = match self.environment(&inv.env) {
             Ok(env) => env,
-            Err(e) if e.code == ErrorCode::SandboxUnavailable => return result::error_result(&e),
+            Err(e) if e.code == ErrorCode::SandboxUnavailable => return Err(e),
             Err(_) => {
-                return result::error_result(&ToolError::new(
+                return Err(ToolError::new(
                     ErrorCode::SandboxUnavailable,
                     format!("the command's environment {} is not available", inv.env),
                     "Tell the user to fix the command's declaration.",
@@ -287,6 +336,17 @@ impl SandboxServer {
         }
         env.network = inv.network.clone();
         env.vars.extend(inv.vars.iter().cloned());
+        Ok(env)
+    }
+
+    async fn run_in_foreground(
+        &self,
+        commands: &Commands,
+        inv: &ResolvedInvocation,
+        env: Environment,
+        request_cancel: CancellationToken,
+        progress: Option<Progress>,
+    ) -> CallToolResult {
         let cancel = either_cancelled(&request_cancel, &self.shared.shutdown);
         let live = Arc::new(progress::Live::default());
         let reporter = progress.map(|p| p.report(&live, env.limits.timeout));
@@ -385,6 +445,15 @@ pub(super) fn question(commands: &Commands, offered: &Offered, inv: &ResolvedInv
             .policy()
             .map_or("off".to_string(), |p| p.summary())
     )
+}
+
+/// How a declared command's call runs.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct How {
+    /// As a job: the call returns at once (`background`).
+    pub(super) background: bool,
+    /// The call declared the tasks extension: a job is a task.
+    pub(super) tasks: bool,
 }
 
 /// The error for a question the user declined (or dismissed): nothing ran.

@@ -16,6 +16,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use serde::Deserialize;
 
+use super::commands::How;
 use super::result::{self, ErrorCode, ToolError};
 use super::{Progress, SandboxServer};
 use crate::commands::confirm::{self, Answer};
@@ -40,6 +41,7 @@ impl SandboxServer {
         offered: &Offered,
         args: Option<&JsonObject>,
         inv: &ResolvedInvocation,
+        how: How,
         retry: Retry<'_>,
         context: &RequestContext<RoleServer>,
         progress: Option<Progress>,
@@ -83,9 +85,8 @@ impl SandboxServer {
             None => self.ask_in_result(commands, offered, inv),
             Some(Answer::Approved) => {
                 self.audit_command("confirmed", inv, Some("input_required"), None, None);
-                self.run_invocation(commands, inv, context.ct.clone(), progress)
+                self.run_invocation(commands, inv, how, context.ct.clone(), progress)
                     .await
-                    .into()
             }
             Some(answer) => {
                 let e = super::commands::declined(offered, &answer);

@@ -3,6 +3,8 @@
 
 // What the server's module imports, and its items.
 use super::*;
+use crate::commands::{Commands, ResolvedInvocation};
+use crate::exec::Argv;
 use crate::jobs::Job;
 
 impl SandboxServer {
@@ -59,6 +61,81 @@ impl SandboxServer {
             task_job.finish(
                 outcome.map(|mut o| {
                     // The changes are read: the layer need not be kept.
+                    o.upper = None;
+                    o
+                }),
+                note,
+            );
+        });
+        Ok(job)
+    }
+
+    /// Starts a declared command's invocation as a background job (in
+    /// `env`, the command's environment; the jobs' time limit) and returns
+    /// at once.
+    pub(super) fn start_command_job(
+        &self,
+        commands: &Commands,
+        inv: &ResolvedInvocation,
+        env: Environment,
+    ) -> Result<Arc<Job>, ToolError> {
+        let jobs = &self.shared.jobs;
+        let (job, cancel) = jobs.create(&env.name, env.limits, &self.shared.shutdown).map_err(|e| {
+            ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
+        })?;
+        let mut job_env = env;
+        job_env.limits = job.limits;
+        let (server, task_job, inv) = (self.clone(), job.clone(), inv.clone());
+        let project = commands.project().cloned();
+        tokio::spawn(async move {
+            let observer: Arc<dyn Observer> = task_job.clone();
+            let absent = project::absent_protected(project.as_ref());
+            let outcome = server
+                .shared
+                .executor
+                .run_argv(
+                    Request {
+                        env: &job_env,
+                        code: b"",
+                        project: project.as_ref(),
+                        inherited: &server.shared.inherited,
+                        cancel,
+                        observer: Some(observer),
+                    },
+                    Argv {
+                        argv: &inv.argv,
+                        workdir: &inv.workdir,
+                    },
+                )
+                .await;
+            let note = match &outcome {
+                Ok(o) => {
+                    let error = result::run_error(o, &job_env.limits);
+                    server.audit_command(
+                        "run",
+                        &inv,
+                        None,
+                        Some(o),
+                        error.as_ref().map(|e| e.code.as_str()),
+                    );
+                    let title = format!("command {} {}", inv.command, task_job.id);
+                    server
+                        .project_note(project.as_ref(), o.upper.clone(), absent, title, None)
+                        .await
+                }
+                Err(e) => {
+                    server.audit_command(
+                        "run",
+                        &inv,
+                        None,
+                        None,
+                        Some(exec_error(e).code.as_str()),
+                    );
+                    None
+                }
+            };
+            task_job.finish(
+                outcome.map(|mut o| {
                     o.upper = None;
                     o
                 }),

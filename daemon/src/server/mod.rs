@@ -768,10 +768,15 @@ impl SandboxServer {
                     .await)
             }
             tool::JOB => Ok(self.job(args, progress).await.into()),
-            tool::CONFIRM if commands.catalog().any_confirm() => Ok(self
-                .confirm(&commands, args, context.ct.clone(), progress)
-                .await
-                .into()),
+            tool::CONFIRM if commands.catalog().any_confirm() => {
+                let tasks = stateless(&context)
+                    && context
+                        .client_capabilities()
+                        .is_some_and(|c| c.supports_tasks());
+                Ok(self
+                    .confirm(&commands, args, tasks, context.ct.clone(), progress)
+                    .await)
+            }
             other => {
                 let catalog = commands.catalog();
                 match catalog.by_tool(other) {
