@@ -193,9 +193,13 @@ impl Job {
     }
 
     /// Records how the run ended (called once, by the task that ran it).
+    /// `project`: its changes, already read, so the overlay's layer is let go.
     pub fn finish(&self, result: Result<Outcome, ExecError>, project: Option<Note>) {
         let ending = match result {
-            Ok(o) => Ending::Ran(Box::new(o), project),
+            Ok(mut o) => {
+                o.upper = None;
+                Ending::Ran(Box::new(o), project)
+            }
             Err(e) => Ending::Failed(Arc::new(e)),
         };
         *self.ending.lock().recover() = Some((ending, tokio::time::Instant::now()));

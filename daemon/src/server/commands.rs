@@ -46,10 +46,7 @@ impl SandboxServer {
         };
         let how = How {
             background,
-            tasks: super::stateless(context)
-                && context
-                    .client_capabilities()
-                    .is_some_and(|c| c.supports_tasks()),
+            tasks: super::declares_tasks(context),
         };
         if !offered.command.confirm {
             return self

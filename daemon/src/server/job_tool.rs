@@ -8,6 +8,23 @@ use crate::exec::Argv;
 use crate::jobs::Job;
 
 impl SandboxServer {
+    /// A place in the job table for a run in `env`, which comes back with
+    /// the job's limits (the jobs' time limit); `busy` when every place is taken.
+    fn create_job(
+        &self,
+        mut env: Environment,
+    ) -> Result<(Arc<Job>, CancellationToken, Environment), ToolError> {
+        let (job, cancel) = self
+            .shared
+            .jobs
+            .create(&env.name, env.limits, &self.shared.shutdown)
+            .map_err(|e| {
+                ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
+            })?;
+        env.limits = job.limits;
+        Ok((job, cancel, env))
+    }
+
     /// Starts `code` as a background job and returns at once.
     /// `named`: the configured project it runs in, when the call named one.
     pub(super) fn start_job(
@@ -17,12 +34,7 @@ impl SandboxServer {
         named: Option<NamedProject<'_>>,
     ) -> Result<Arc<Job>, ToolError> {
         let named = named.map(|(n, m)| (n.to_string(), m.clone()));
-        let jobs = &self.shared.jobs;
-        let (job, cancel) = jobs.create(&env.name, env.limits, &self.shared.shutdown).map_err(|e| {
-            ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
-        })?;
-        let mut job_env = (*env).clone();
-        job_env.limits = job.limits;
+        let (job, cancel, job_env) = self.create_job((*env).clone())?;
         let server = self.clone();
         let task_job = job.clone();
         tokio::spawn(async move {
@@ -58,14 +70,7 @@ impl SandboxServer {
                     None
                 }
             };
-            task_job.finish(
-                outcome.map(|mut o| {
-                    // The changes are read: the layer need not be kept.
-                    o.upper = None;
-                    o
-                }),
-                note,
-            );
+            task_job.finish(outcome, note);
         });
         Ok(job)
     }
@@ -79,12 +84,7 @@ impl SandboxServer {
         inv: &ResolvedInvocation,
         env: Environment,
     ) -> Result<Arc<Job>, ToolError> {
-        let jobs = &self.shared.jobs;
-        let (job, cancel) = jobs.create(&env.name, env.limits, &self.shared.shutdown).map_err(|e| {
-            ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
-        })?;
-        let mut job_env = env;
-        job_env.limits = job.limits;
+        let (job, cancel, job_env) = self.create_job(env)?;
         let (server, task_job, inv) = (self.clone(), job.clone(), inv.clone());
         let project = commands.project().cloned();
         tokio::spawn(async move {
@@ -134,13 +134,7 @@ impl SandboxServer {
                     None
                 }
             };
-            task_job.finish(
-                outcome.map(|mut o| {
-                    o.upper = None;
-                    o
-                }),
-                note,
-            );
+            task_job.finish(outcome, note);
         });
         Ok(job)
     }

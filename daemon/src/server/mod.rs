@@ -716,6 +716,15 @@ fn stateless(context: &RequestContext<RoleServer>) -> bool {
         .is_some_and(|v| !v.has_initialize())
 }
 
+/// Whether the request speaks the stateless revision and declared the
+/// tasks extension: a background run is then a task.
+fn declares_tasks(context: &RequestContext<RoleServer>) -> bool {
+    stateless(context)
+        && context
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+}
+
 /// Sends `notifications/tools/list_changed` without waiting for it: to the
 /// initialized client (2025-11-25), and on each listen stream that asked
 /// for it (2026-07-28).
@@ -753,10 +762,7 @@ impl SandboxServer {
         let commands = self.shared.project_state().commands.clone();
         match request.name.as_ref() {
             tool::RUN => {
-                let tasks = stateless(&context)
-                    && context
-                        .client_capabilities()
-                        .is_some_and(|c| c.supports_tasks());
+                let tasks = declares_tasks(&context);
                 Ok(self
                     .run(
                         args,
@@ -769,10 +775,7 @@ impl SandboxServer {
             }
             tool::JOB => Ok(self.job(args, progress).await.into()),
             tool::CONFIRM if commands.catalog().any_confirm() => {
-                let tasks = stateless(&context)
-                    && context
-                        .client_capabilities()
-                        .is_some_and(|c| c.supports_tasks());
+                let tasks = declares_tasks(&context);
                 Ok(self
                     .confirm(&commands, args, tasks, context.ct.clone(), progress)
                     .await)
