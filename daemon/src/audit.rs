@@ -162,23 +162,14 @@ mod tests {
 
     fn outcome() -> Outcome {
         Outcome {
-            exit_code: Some(0),
-            signal: None,
             stdout: Captured {
                 text: "SECRET OUTPUT".into(),
                 total_bytes: 13,
                 dropped_bytes: 0,
                 incomplete: None,
             },
-            stderr: Captured::default(),
             duration: Duration::from_millis(5),
-            timed_out: false,
-            cancelled: false,
-            limit: None,
-            limits_reached: vec![],
-            usage: Default::default(),
-            network: None,
-            upper: None,
+            ..Outcome::ended(Some(0), None)
         }
     }
 

@@ -192,6 +192,18 @@ fn fake_pyenv(root: &Path) -> PathBuf {
 
 const WHERE_AM_I: &str = "import sys; print(sys.executable); print(sys.prefix)";
 
+/// `o`, the output of WHERE_AM_I, says it ran the python installed at `version`.
+fn assert_ran_python_of(o: &Output, version: &Path) {
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{}/bin/python3", version.display())),
+        "{out}"
+    );
+    assert_eq!(lines[1], version.display().to_string(), "{out}");
+}
+
 #[test]
 fn a_pyenv_shim_first_on_path_serves_the_python_pyenv_names() {
     let d = scratch();
@@ -206,14 +218,7 @@ fn a_pyenv_shim_first_on_path_serves_the_python_pyenv_names() {
     );
     assert_eq!(warnings, "[]");
     let o = nsm(&home, &path, &["run", "-e", "python", WHERE_AM_I]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let out = text(&o.stdout);
-    let lines: Vec<&str> = out.lines().collect();
-    assert!(
-        lines[0].starts_with(&format!("{}/bin/python3", version.display())),
-        "{out}"
-    );
-    assert_eq!(lines[1], version.display().to_string(), "{out}");
+    assert_ran_python_of(&o, &version);
 }
 
 /// A pyenv install under a home only its owner may enter.
@@ -286,14 +291,7 @@ fn a_pyenv_install_in_a_private_home_is_served_to_its_owner() {
         &path_with(&home.join(".pyenv/shims")),
         &["run", "-e", "python", WHERE_AM_I],
     );
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let out = text(&o.stdout);
-    let lines: Vec<&str> = out.lines().collect();
-    assert!(
-        lines[0].starts_with(&format!("{}/bin/python3", version.display())),
-        "{out}"
-    );
-    assert_eq!(lines[1], version.display().to_string(), "{out}");
+    assert_ran_python_of(&o, &version);
 }
 
 #[test]

@@ -143,33 +143,19 @@ mod tests {
     use super::*;
     use crate::limits::Limits;
 
-    fn outcome(exit_code: Option<i32>, signal: Option<i32>) -> Outcome {
-        Outcome {
-            exit_code,
-            signal,
-            stdout: Default::default(),
-            stderr: Default::default(),
-            duration: Default::default(),
-            timed_out: false,
-            cancelled: false,
-            limit: None,
-            limits_reached: vec![],
-            usage: Default::default(),
-            network: None,
-            upper: None,
-        }
-    }
-
     #[test]
     fn a_limit_outranks_the_status_it_caused_and_a_cancellation_outranks_both() {
-        let mut o = outcome(None, Some(9));
+        let mut o = Outcome::ended(None, Some(9));
         assert_eq!(Ending::of(&o), Ending::Signalled(9));
         o.limit = Some(LimitKind::Memory);
         assert_eq!(Ending::of(&o), Ending::Limit(LimitKind::Memory));
         o.cancelled = true;
         assert_eq!(Ending::of(&o), Ending::Cancelled);
-        assert_eq!(Ending::of(&outcome(Some(3), None)), Ending::Exited(3));
-        assert_eq!(Ending::of(&outcome(None, None)), Ending::NoStatus);
+        assert_eq!(
+            Ending::of(&Outcome::ended(Some(3), None)),
+            Ending::Exited(3)
+        );
+        assert_eq!(Ending::of(&Outcome::ended(None, None)), Ending::NoStatus);
     }
 
     #[test]

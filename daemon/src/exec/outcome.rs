@@ -63,6 +63,26 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// A run that ended with `exit_code` or `signal` and did nothing else:
+    /// no output, no limit, no time. For tests, which change what they need.
+    #[cfg(test)]
+    pub(crate) fn ended(exit_code: Option<i32>, signal: Option<i32>) -> Outcome {
+        Outcome {
+            exit_code,
+            signal,
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            duration: Duration::ZERO,
+            timed_out: false,
+            cancelled: false,
+            limit: None,
+            limits_reached: vec![],
+            usage: Usage::default(),
+            network: None,
+            upper: None,
+        }
+    }
+
     pub fn succeeded(&self) -> bool {
         self.exit_code == Some(0) && self.limit.is_none() && !self.cancelled
     }
@@ -174,23 +194,6 @@ pub(super) fn interpret(status: Option<ExitStatus>) -> (Option<i32>, Option<i32>
 mod tests {
     use super::*;
 
-    fn outcome(exit: Option<i32>, signal: Option<i32>) -> Outcome {
-        Outcome {
-            exit_code: exit,
-            signal,
-            stdout: Captured::default(),
-            stderr: Captured::default(),
-            duration: Duration::ZERO,
-            timed_out: false,
-            cancelled: false,
-            limit: None,
-            limits_reached: vec![],
-            usage: Usage::default(),
-            network: None,
-            upper: None,
-        }
-    }
-
     fn fired(memory: bool, pids: bool) -> Fired {
         Fired { memory, pids }
     }
@@ -222,7 +225,7 @@ mod tests {
 
     #[test]
     fn timeout_wins_and_process_limit_is_still_reported() {
-        let mut o = outcome(None, Some(9));
+        let mut o = Outcome::ended(None, Some(9));
         attribute_limits(&mut o, Some(LimitKind::Timeout), fired(false, true));
         assert_eq!(o.limit, Some(LimitKind::Timeout));
         assert_eq!(
@@ -233,27 +236,27 @@ mod tests {
 
     #[test]
     fn memory_kill_is_attributed() {
-        let mut o = outcome(Some(137), Some(9));
+        let mut o = Outcome::ended(Some(137), Some(9));
         attribute_limits(&mut o, None, fired(true, false));
         assert_eq!(o.limit, Some(LimitKind::Memory));
     }
 
     #[test]
     fn cpu_and_file_size_signals_are_attributed() {
-        let mut o = outcome(Some(128 + libc::SIGXCPU), Some(libc::SIGXCPU));
+        let mut o = Outcome::ended(Some(128 + libc::SIGXCPU), Some(libc::SIGXCPU));
         attribute_limits(&mut o, None, Fired::default());
         assert_eq!(o.limit, Some(LimitKind::Cpu));
-        let mut o = outcome(Some(128 + libc::SIGXFSZ), Some(libc::SIGXFSZ));
+        let mut o = Outcome::ended(Some(128 + libc::SIGXFSZ), Some(libc::SIGXFSZ));
         attribute_limits(&mut o, None, Fired::default());
         assert_eq!(o.limit, Some(LimitKind::FileSize));
     }
 
     #[test]
     fn process_limit_ends_a_failed_run_but_not_a_successful_one() {
-        let mut o = outcome(Some(1), None);
+        let mut o = Outcome::ended(Some(1), None);
         attribute_limits(&mut o, None, fired(false, true));
         assert_eq!(o.limit, Some(LimitKind::Processes));
-        let mut o = outcome(Some(0), None);
+        let mut o = Outcome::ended(Some(0), None);
         attribute_limits(&mut o, None, fired(false, true));
         assert_eq!(o.limit, None);
         assert_eq!(o.limits_reached, vec![LimitKind::Processes]);

@@ -173,12 +173,8 @@ fn the_root_stays_bubblewraps_to_make_read_only_when_bubblewrap_mounts_after_the
 #[test]
 fn project_read_only_unless_configured() {
     let p = ProjectMount {
-        host_path: "/home/u/proj".into(),
-        mount_point: "/project".into(),
         access: ProjectAccess::ReadOnly,
-        overlay: false,
-        downgraded: false,
-        protected: Vec::new(),
+        ..read_write_project(&[])
     };
     let a = argv(&env(), Some(&p), &[]);
     assert!(has(&a, &["--ro-bind", "/home/u/proj", "/project"]));
@@ -299,12 +295,8 @@ fn directories_holding_protected_paths_are_mounts_before_the_paths_in_them() {
 #[test]
 fn caches_are_bound_writable_over_the_home_and_the_project() {
     let p = ProjectMount {
-        host_path: "/home/u/proj".into(),
-        mount_point: "/project".into(),
         access: ProjectAccess::ReadOnly,
-        overlay: false,
-        downgraded: false,
-        protected: vec![],
+        ..read_write_project(&[])
     };
     let caches = [
         CacheMount {

@@ -481,23 +481,17 @@ mod tests {
 
     fn outcome(exit: Option<i32>, signal: Option<i32>, limit: Option<LimitKind>) -> Outcome {
         Outcome {
-            exit_code: exit,
-            signal,
             stdout: Captured {
                 text: "out\n".into(),
                 total_bytes: 4,
                 dropped_bytes: 0,
                 incomplete: None,
             },
-            stderr: Captured::default(),
             duration: Duration::from_millis(12),
             timed_out: limit == Some(LimitKind::Timeout),
-            cancelled: false,
             limit,
             limits_reached: limit.into_iter().collect(),
-            usage: Default::default(),
-            network: None,
-            upper: None,
+            ..Outcome::ended(exit, signal)
         }
     }
 
