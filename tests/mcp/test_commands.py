@@ -589,12 +589,11 @@ def test_the_question_comes_back_in_the_result_and_the_answer_runs_it_once():
 
 
 @stateless_only()
-@pytest.mark.parametrize("tamper", ["altered", "made up", "other arguments", "other server"])
+@pytest.mark.parametrize("tamper", ["altered", "made up", "huge", "not base64", "other arguments", "other server"])
 def test_a_state_that_is_not_this_calls_runs_nothing(tamper):
     config, audit = confirmed_config()
     args = {"branch": "main"}
-    words = {"altered": "not issued by this server", "made up": "not issued by this server",
-             "other arguments": "another command or other arguments", "other server": "not issued by this server"}[tamper]
+    words = {"other arguments": "another command or other arguments"}.get(tamper, "not issued by this server")
 
     async def t():
         async with client(config=config, project=make_project(), elicit=never) as s:
@@ -605,6 +604,10 @@ def test_a_state_that_is_not_this_calls_runs_nothing(tamper):
                 state = state[:middle] + ("A" if state[middle] != "A" else "B") + state[middle + 1:]
             elif tamper == "made up":
                 state = "rs1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+            elif tamper == "huge":
+                state = state + "A" * (4 << 20)
+            elif tamper == "not base64":
+                state = "rs1.\u00e9\u00e9\u00e9.!!!\n\x00"
             elif tamper == "other arguments":
                 retry_args = {"branch": "prod"}
             else:
