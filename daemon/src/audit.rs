@@ -25,6 +25,8 @@ pub struct AuditLog {
 
 /// What to record about one call.
 pub struct Entry<'a> {
+    /// Who made the call (over HTTP, the name its credentials give).
+    pub principal: &'a str,
     pub env: &'a Environment,
     pub code: &'a [u8],
     /// How the call was made: "run", "job", "session".
@@ -36,6 +38,8 @@ pub struct Entry<'a> {
 
 /// What to record about one step of a declared command's call.
 pub struct CommandEntry<'a> {
+    /// Who made the call.
+    pub principal: &'a str,
     /// "asked", "confirmed", "declined", "expired", "refused" or "run".
     pub event: &'a str,
     pub command: &'a str,
@@ -73,6 +77,7 @@ impl AuditLog {
         let mut v = json!({
             "time": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             "kind": "command",
+            "principal": e.principal,
             "event": e.event,
             "command": e.command,
             "env": e.env,
@@ -100,6 +105,7 @@ impl AuditLog {
         let mut v = json!({
             "time": humantime::format_rfc3339_millis(now).to_string(),
             "kind": e.kind,
+            "principal": e.principal,
             "env": e.env.name,
             "source": e.env.origin.to_string(),
             "interpreter": e.env.interpreter,
@@ -180,6 +186,7 @@ mod tests {
         let log = AuditLog::open(&path, false, false).unwrap();
         let o = outcome();
         log.record(&Entry {
+            principal: "alice",
             env: &env(),
             code: b"print('SECRET CODE')",
             kind: "run",
@@ -187,6 +194,7 @@ mod tests {
             error: None,
         });
         log.record(&Entry {
+            principal: "alice",
             env: &env(),
             code: b"x",
             kind: "run",
@@ -230,6 +238,7 @@ mod tests {
             let o = outcome();
             for (event, outcome) in [("asked", None), ("confirmed", None), ("run", Some(&o))] {
                 log.record_command(&CommandEntry {
+                    principal: "alice",
                     event,
                     command: "push",
                     env: "bash",
@@ -266,6 +275,7 @@ mod tests {
         let log = AuditLog::open(&path, true, true).unwrap();
         let o = outcome();
         log.record(&Entry {
+            principal: "alice",
             env: &env(),
             code: b"print('SECRET CODE')",
             kind: "run",

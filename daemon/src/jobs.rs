@@ -4,7 +4,10 @@
 //! stops counting at once), in lifetime (their own time limit) and in
 //! retained output; finished jobs are kept for reading within a count and a
 //! time, and all die with the server (their cancellation tokens descend from
-//! its shutdown token).
+//! its shutdown token). Each job belongs to the principal that started it:
+//! another sees, waits on and kills only its own, and may have its own
+//! bound on running jobs; when too many finished jobs are kept, the oldest
+//! of whoever keeps the most goes first.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -135,6 +138,8 @@ pub struct Chunk {
 #[derive(Debug)]
 pub struct Job {
     pub id: String,
+    /// The principal that started it.
+    pub owner: Arc<str>,
     pub env: String,
     /// The limits the job runs with: its environment's, with the jobs' time limit.
     pub limits: Limits,
@@ -230,6 +235,8 @@ impl Observer for Job {
 pub enum JobError {
     #[error("{max} jobs are already running")]
     Full { max: usize },
+    #[error("this caller already has {max} jobs running, its share of the server")]
+    OwnerFull { max: usize },
 }
 
 /// The server's jobs.
@@ -255,9 +262,12 @@ impl Jobs {
 
     /// Registers a new job in environment `env`, whose limits are
     /// `env_limits` but for the jobs' own time limit; its run stops when
-    /// `parent` is cancelled.
+    /// `parent` is cancelled. `owner`: who starts it, with at most
+    /// `owner_max` of its jobs running at once.
     pub fn create(
         &self,
+        owner: &Arc<str>,
+        owner_max: Option<usize>,
         env: &str,
         env_limits: Limits,
         parent: &CancellationToken,
@@ -269,6 +279,15 @@ impl Jobs {
                 max: self.limits.max_jobs,
             });
         }
+        if let Some(max) = owner_max
+            && table
+                .values()
+                .filter(|j| j.holds_place() && &j.owner == owner)
+                .count()
+                >= max
+        {
+            return Err(JobError::OwnerFull { max });
+        }
         let n = {
             let mut next = self.next.lock().recover();
             let n = *next;
@@ -278,6 +297,7 @@ impl Jobs {
         let cancel = parent.child_token();
         let job = Arc::new(Job {
             id: format!("job-{n}"),
+            owner: owner.clone(),
             env: env.to_string(),
             limits: Limits {
                 timeout: self.limits.timeout,
@@ -296,18 +316,23 @@ impl Jobs {
         Ok((job, cancel))
     }
 
-    pub fn get(&self, id: &str) -> Option<Arc<Job>> {
+    /// `owner`'s job `id` (another's is not found).
+    pub fn get(&self, owner: &str, id: &str) -> Option<Arc<Job>> {
         let mut table = self.table.lock().recover();
         self.forget_old(&mut table);
         let n: u64 = id.strip_prefix("job-")?.parse().ok()?;
-        table.get(&n).cloned()
+        table.get(&n).filter(|j| &*j.owner == owner).cloned()
     }
 
-    /// Every job, oldest first.
-    pub fn list(&self) -> Vec<Arc<Job>> {
+    /// Every job of `owner`, oldest first.
+    pub fn list(&self, owner: &str) -> Vec<Arc<Job>> {
         let mut table = self.table.lock().recover();
         self.forget_old(&mut table);
-        table.values().cloned().collect()
+        table
+            .values()
+            .filter(|j| &*j.owner == owner)
+            .cloned()
+            .collect()
     }
 
     /// Forgets finished jobs past their retention time, then the oldest
@@ -315,14 +340,30 @@ impl Jobs {
     fn forget_old(&self, table: &mut BTreeMap<u64, Arc<Job>>) {
         let retention = self.limits.retention;
         table.retain(|_, j| j.finished_since().is_none_or(|at| at.elapsed() < retention));
-        let mut finished: Vec<(tokio::time::Instant, u64)> = table
-            .iter()
-            .filter_map(|(n, j)| j.finished_since().map(|at| (at, *n)))
-            .collect();
-        let excess = finished.len().saturating_sub(self.limits.retained);
-        finished.sort_unstable();
-        for (_, n) in finished.into_iter().take(excess) {
-            table.remove(&n);
+        let finished = |table: &BTreeMap<u64, Arc<Job>>| {
+            table
+                .iter()
+                .filter_map(|(n, j)| j.finished_since().map(|at| (at, *n, j.owner.clone())))
+                .collect::<Vec<_>>()
+        };
+        let mut kept = finished(table);
+        while kept.len() > self.limits.retained {
+            // The oldest of the owner keeping the most.
+            let mut counts: std::collections::HashMap<&Arc<str>, usize> = Default::default();
+            for (_, _, owner) in &kept {
+                *counts.entry(owner).or_default() += 1;
+            }
+            let most = counts.values().copied().max().unwrap_or(0);
+            let victim = kept
+                .iter()
+                .filter(|(_, _, o)| counts[o] == most)
+                .min_by_key(|(at, n, _)| (*at, *n))
+                .map(|(_, n, _)| *n);
+            match victim {
+                Some(n) => table.remove(&n),
+                None => break,
+            };
+            kept = finished(table);
         }
     }
 }
@@ -330,6 +371,10 @@ impl Jobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn me() -> Arc<str> {
+        "me".into()
+    }
 
     #[test]
     fn logs_keep_the_latest_bytes_with_absolute_offsets() {
@@ -379,25 +424,32 @@ mod tests {
     }
 
     fn ids(jobs: &Jobs) -> Vec<String> {
-        jobs.list().iter().map(|j| j.id.clone()).collect()
+        jobs.list("me").iter().map(|j| j.id.clone()).collect()
     }
 
     #[tokio::test]
     async fn running_jobs_are_bounded_and_a_kill_frees_a_place_at_once() {
         let jobs = Jobs::new(limits());
         let shutdown = CancellationToken::new();
-        let (a, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
-        let (b, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+        let (a, _) = jobs
+            .create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
+        let (b, _) = jobs
+            .create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
         assert!(matches!(
-            jobs.create("bash", env_limits(), &shutdown),
+            jobs.create(&me(), None, "bash", env_limits(), &shutdown),
             Err(JobError::Full { max: 2 })
         ));
         a.kill();
-        let (c, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+        let (c, _) = jobs
+            .create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
         assert_eq!(c.id, "job-3");
         // A finished job no longer runs: it is kept for reading, out of the count.
         b.finish(Err(ExecError::CancelledWhileQueued), None);
-        jobs.create("bash", env_limits(), &shutdown).unwrap();
+        jobs.create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
         assert_eq!(ids(&jobs), ["job-1", "job-2", "job-3", "job-4"]);
     }
 
@@ -406,11 +458,13 @@ mod tests {
         let jobs = Jobs::new(limits());
         let shutdown = CancellationToken::new();
         for _ in 0..4 {
-            let (j, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+            let (j, _) = jobs
+                .create(&me(), None, "bash", env_limits(), &shutdown)
+                .unwrap();
             j.finish(Err(ExecError::CancelledWhileQueued), None);
         }
         assert_eq!(ids(&jobs), ["job-3", "job-4"]);
-        assert!(jobs.get("job-1").is_none() && jobs.get("job-4").is_some());
+        assert!(jobs.get("me", "job-1").is_none() && jobs.get("me", "job-4").is_some());
     }
 
     #[tokio::test(start_paused = true)]
@@ -420,15 +474,19 @@ mod tests {
             ..limits()
         });
         let shutdown = CancellationToken::new();
-        let (a, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
-        let (_running, _) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+        let (a, _) = jobs
+            .create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
+        let (_running, _) = jobs
+            .create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
         a.finish(Err(ExecError::CancelledWhileQueued), None);
         tokio::time::advance(Duration::from_secs(59)).await;
-        assert!(jobs.get("job-1").is_some());
+        assert!(jobs.get("me", "job-1").is_some());
         tokio::time::advance(Duration::from_secs(2)).await;
-        assert!(jobs.get("job-1").is_none());
+        assert!(jobs.get("me", "job-1").is_none());
         assert!(
-            jobs.get("job-2").is_some(),
+            jobs.get("me", "job-2").is_some(),
             "a running job is never forgotten"
         );
     }
@@ -437,8 +495,76 @@ mod tests {
     async fn jobs_stop_with_the_server() {
         let jobs = Jobs::new(limits());
         let shutdown = CancellationToken::new();
-        let (_j, cancel) = jobs.create("bash", env_limits(), &shutdown).unwrap();
+        let (_j, cancel) = jobs
+            .create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
         shutdown.cancel();
         assert!(cancel.is_cancelled());
+    }
+
+    #[test]
+    fn a_job_is_seen_waited_on_and_killed_by_its_owner_alone() {
+        let jobs = Jobs::new(JobLimits {
+            max_jobs: 4,
+            ..limits()
+        });
+        let shutdown = CancellationToken::new();
+        let (mine, _) = jobs
+            .create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
+        let other: Arc<str> = "other".into();
+        assert!(jobs.get("other", &mine.id).is_none());
+        assert!(jobs.list("other").is_empty());
+        assert_eq!(jobs.list("me").len(), 1);
+        let (theirs, _) = jobs
+            .create(&other, None, "bash", env_limits(), &shutdown)
+            .unwrap();
+        assert!(jobs.get("me", &theirs.id).is_none());
+        assert!(jobs.get("other", &theirs.id).is_some());
+    }
+
+    #[test]
+    fn an_owner_bound_leaves_places_to_the_others() {
+        let jobs = Jobs::new(JobLimits {
+            max_jobs: 4,
+            ..limits()
+        });
+        let shutdown = CancellationToken::new();
+        let greedy: Arc<str> = "greedy".into();
+        for _ in 0..2 {
+            jobs.create(&greedy, Some(2), "bash", env_limits(), &shutdown)
+                .unwrap();
+        }
+        assert!(matches!(
+            jobs.create(&greedy, Some(2), "bash", env_limits(), &shutdown),
+            Err(JobError::OwnerFull { max: 2 })
+        ));
+        assert!(
+            jobs.create(&me(), Some(2), "bash", env_limits(), &shutdown)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn past_the_retained_count_the_owner_keeping_most_loses_its_oldest() {
+        let jobs = Jobs::new(JobLimits {
+            max_jobs: 8,
+            retained: 3,
+            ..limits()
+        });
+        let shutdown = CancellationToken::new();
+        let greedy: Arc<str> = "greedy".into();
+        let (mine, _) = jobs
+            .create(&me(), None, "bash", env_limits(), &shutdown)
+            .unwrap();
+        mine.finish(Err(ExecError::CancelledWhileQueued), None);
+        for _ in 0..4 {
+            let (j, _) = jobs
+                .create(&greedy, None, "bash", env_limits(), &shutdown)
+                .unwrap();
+            j.finish(Err(ExecError::CancelledWhileQueued), None);
+        }
+        assert_eq!(jobs.list("me").len(), 1, "the one job of `me` is kept");
+        assert_eq!(jobs.list("greedy").len(), 2);
     }
 }

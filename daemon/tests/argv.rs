@@ -32,6 +32,7 @@ async fn try_run_argv(
                 inherited: &[],
                 cancel: CancellationToken::new(),
                 observer: None,
+                share: None,
             },
             Argv {
                 argv: &argv,

@@ -466,6 +466,7 @@ async fn a_full_executor_answers_busy_at_once_and_queues_within_bounds() {
                     inherited: &[],
                     cancel,
                     observer: None,
+                    share: None,
                 })
                 .await
         }
@@ -565,6 +566,7 @@ async fn rlimit_fallback_still_bounds_memory_and_processes() {
                     inherited: &[],
                     cancel: CancellationToken::new(),
                     observer: None,
+                    share: None,
                 })
                 .await
                 .unwrap()

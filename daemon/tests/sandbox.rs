@@ -511,6 +511,7 @@ async fn a_sandbox_that_cannot_be_set_up_is_not_blamed_on_the_program() {
             inherited: &[],
             cancel: tokio_util::sync::CancellationToken::new(),
             observer: None,
+            share: None,
         })
         .await;
     match r {

@@ -1,5 +1,5 @@
-"""Drives the real nix-sandbox-mcp binary over stdio with the official MCP
-Python SDK. Each test starts its own server (about 0.2 s) so tests stay
+"""Drives the real nix-sandbox-mcp binary with the official MCP Python SDK,
+over stdio or, with NSM_TRANSPORT=http, Streamable HTTP (http_transport.py). Each test starts its own server (about 0.2 s) so tests stay
 independent; helpers cover the common shapes of a call."""
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ import anyio
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from http_transport import AUTH, TRANSPORT, HttpServer
+from http_transport import client as http_client
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("NSM_BIN", str(ROOT / "target" / "debug" / "nix-sandbox-mcp"))
@@ -126,13 +129,67 @@ def fixture_project() -> pathlib.Path:
 
 
 @contextlib.asynccontextmanager
-async def session(**kwargs: Any) -> AsyncIterator[ClientSession]:
-    with open(os.devnull, "w") if not os.environ.get("NSM_SHOW_SERVER_LOG") else contextlib.nullcontext(None) as errlog:
+async def session(elicit: Any = None, on_message: Any = None, log: pathlib.Path | None = None,
+                  **kwargs: Any) -> AsyncIterator[ClientSession]:
+    """A client session with a server of its own, over the suite's
+    transport (NSM_TRANSPORT): stdio, or Streamable HTTP with a token.
+    `elicit`, `on_message`: the client's callbacks; `log`: where the
+    server's log goes (else nowhere, or stderr with NSM_SHOW_SERVER_LOG)."""
+    callbacks = {"elicitation_callback": elicit, "message_handler": on_message}
+    if TRANSPORT == "http":
+        async with http_session(callbacks=callbacks, log=log, **kwargs) as s:
+            yield s
+        return
+    quiet = log is None and not os.environ.get("NSM_SHOW_SERVER_LOG")
+    with open(log or os.devnull, "w") if log or quiet else contextlib.nullcontext(None) as errlog:
         ctx = stdio_client(server_params(**kwargs), errlog=errlog) if errlog else stdio_client(server_params(**kwargs))
         async with ctx as (r, w):
-            async with ClientSession(r, w) as s:
+            async with ClientSession(r, w, **callbacks) as s:
                 await start(s)
                 yield s
+
+
+def http_server(config: str | None = None, project: str | None = None, env: dict[str, str] | None = None,
+                cwd: str | None = None, **kw: Any) -> HttpServer:
+    """`serve --http` with what `server_params` gives a stdio server, and
+    credentials of the suite's kind (NSM_AUTH)."""
+    from mcp.client.stdio import get_default_environment
+    params = server_params(config=config, project=project, env=env, cwd=cwd)
+    e = {**get_default_environment(), **(params.env or {})}
+    if AUTH == "oauth":
+        kw.setdefault("oauth", True)
+        kw.setdefault("principals", ())
+    # The suite tests the server's own bounds: the one principal's share is
+    # all of it (shares are tested in test_http_principals.py).
+    kw.setdefault("http_config", SUITE_SHARES)
+    d = pathlib.Path(tempfile.mkdtemp(prefix="http-"))
+    d.chmod(0o700)
+    return HttpServer(BIN, d, config=config, env=e, cwd=cwd, **kw)
+
+
+SUITE_SHARES = "[http.per_principal]\n" + "".join(
+    f"{k} = 100000\n" for k in ("max_connections", "max_streams", "max_runs", "max_jobs", "max_mcp_sessions"))
+
+
+@contextlib.asynccontextmanager
+async def http_session(principal: str = "tester", callbacks: dict | None = None, **kwargs: Any) -> AsyncIterator[ClientSession]:
+    server = http_server(**kwargs)
+    try:
+        async with http_client(server.url, server.token(principal), callbacks=callbacks) as s:
+            await start(s)
+            yield s
+    finally:
+        code = server.stop()
+        if os.environ.get("NSM_SHOW_SERVER_LOG"):
+            print(server.log_tail(20000))
+        assert code == 0, f"serve --http exited {code}: {server.log_tail()}"
+
+
+def stdio_only(why: str) -> Any:
+    """Marks a test of what only the stdio transport has (`why`): skipped
+    in the HTTP pass, where it is reported at the test."""
+    import pytest
+    return pytest.mark.skipif(TRANSPORT != "stdio", reason=f"stdio only: {why}")
 
 
 async def start(s: ClientSession) -> None:

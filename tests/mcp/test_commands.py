@@ -21,10 +21,8 @@ import anyio
 import pytest
 from mcp import types
 from mcp.client.session import ClientSession
-from mcp.client.stdio import stdio_client
-
 from harness import (BIN, TaskClient, call_tool, dump, legacy_only, processes_with, readable_tmpdir, require_test_knobs,
-                     run_async, server_params, start, stateless_only, tool_changes, write_config)
+                     run_async, server_params, session, stateless_only, tool_changes, write_config)
 
 require_test_knobs()
 
@@ -60,19 +58,13 @@ async def client(config: str | None = None, project: pathlib.Path | None = None,
                  elicit: Any = None, notifications: list | None = None,
                  log: pathlib.Path | None = None) -> AsyncIterator[ClientSession]:
     """A client session; the server's log goes to `log` when one is given."""
-    params = server_params(config=config, project=str(project) if project else None, env=env)
-
     async def on_message(message: Any) -> None:
         if notifications is not None:
             notifications.append(message)
 
-    quiet = log is None and not os.environ.get("NSM_SHOW_SERVER_LOG")
-    with open(log or os.devnull, "w") if log or quiet else contextlib.nullcontext(None) as errlog:
-        ctx = stdio_client(params, errlog=errlog) if errlog else stdio_client(params)
-        async with ctx as (r, w):
-            async with ClientSession(r, w, elicitation_callback=elicit, message_handler=on_message) as s:
-                await start(s)
-                yield s
+    async with session(config=config, project=str(project) if project else None, env=env, elicit=elicit,
+                       on_message=on_message, log=log) as s:
+        yield s
 
 
 async def call(s: ClientSession, tool: str, args: dict | None = None, **kw: Any) -> tuple[dict, str, bool]:

@@ -22,7 +22,7 @@ use crate::exec::nest::holder;
 use crate::exec::{ExecError, Observer, Request, Stream};
 use crate::jobs::Jobs;
 use crate::registry::artifact;
-use crate::server::{ProjectState, SandboxServer, Shared};
+use crate::server::{ProjectState, SandboxServer, Shared, http};
 use crate::sessions::Sessions;
 
 const ABOUT: &str = "Run code from AI agents in bubblewrap sandboxes built from Nix or the host";
@@ -294,6 +294,46 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         project_dir: Option<PathBuf>,
     },
+    /// Serve MCP over Streamable HTTP, for a team, remote agents and CI
+    ///
+    /// One endpoint, /mcp, speaking MCP 2026-07-28 (stateless POSTs,
+    /// subscriptions/listen streams) and 2025-11-25 (Mcp-Session-Id, SSE).
+    /// Callers authenticate with a bearer token of [http] tokens_file (see
+    /// `token add`) or an OAuth access token of [http.oauth]'s issuer; each
+    /// principal's sessions, jobs, tasks and confirmations are its own, and
+    /// each has a share of the server ([http.per_principal]). An address
+    /// other than a loopback one is refused unless credentials are
+    /// required. Host and Origin are checked against the loopback names and
+    /// [http] allowed_hosts and allowed_origins (DNS rebinding). A call names
+    /// a configured project ([projects.NAME]), never a path; the client's
+    /// roots are not followed. SIGHUP reads the tokens file again; SIGINT or
+    /// SIGTERM stop the server: new requests are refused, calls in flight
+    /// have --grace-seconds to end, then their runs are killed.
+    ///
+    /// Prints `nix-sandbox-mcp: listening on URL` on standard error once it
+    /// listens (with port 0, the port it was given). docs/http.md has the
+    /// rest: TLS or a reverse proxy, OAuth, scopes, limits.
+    #[command(after_long_help = SERVE_EXAMPLES)]
+    Serve {
+        /// Where to listen: HOST:PORT (127.0.0.1:8765, [::1]:8765,
+        /// localhost:8765, 0.0.0.0:8765) or unix:PATH (a socket only its
+        /// owner may use)
+        #[arg(long, value_name = "ADDR")]
+        http: http::Address,
+        /// Serve TLS with this PEM certificate chain (with --tls-key)
+        #[arg(long, value_name = "PEM", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The PEM private key of --tls-cert
+        #[arg(long, value_name = "PEM", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Time calls in flight have to end when the server is told to stop,
+        /// before their runs are killed
+        #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+        grace_seconds: u64,
+    },
+    /// Manage the bearer tokens of `serve --http`
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Print the JSON schema of the configuration file
     ///
     /// Editors and TOML tools can check a config.toml against it as it is
@@ -301,6 +341,34 @@ enum Command {
     /// the file's first line).
     Schema,
 }
+
+#[derive(Subcommand, Debug)]
+enum TokenCommand {
+    /// Make a token for principal NAME and append its line to the tokens file
+    ///
+    /// Prints the token once, on standard output; the file keeps only its
+    /// SHA-256 (`NAME sha256:HEX`). The file is created with mode 0600 when
+    /// missing, and must not be writable by others. A running server reads
+    /// it again on SIGHUP. To revoke a token, delete its line and send
+    /// SIGHUP.
+    Add {
+        /// The principal's name: 1 to 64 letters, digits, '.', '_', '-', '@'
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// The tokens file (default: [http] tokens_file of the configuration)
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+}
+
+const SERVE_EXAMPLES: &str = "\
+EXAMPLES
+    nix-sandbox-mcp token add alice --file /etc/nix-sandbox-mcp/tokens
+    nix-sandbox-mcp serve --http 127.0.0.1:8765
+    nix-sandbox-mcp serve --http 0.0.0.0:8443 --tls-cert cert.pem --tls-key key.pem
+    nix-sandbox-mcp serve --http unix:/run/nix-sandbox-mcp/mcp.sock
+    claude mcp add --transport http sandbox https://sandbox.example.com:8443/mcp \\
+        --header \"Authorization: Bearer $TOKEN\"";
 
 pub fn main() -> ExitCode {
     // The nest's holder (see exec::nest), started by the daemon from this
@@ -322,7 +390,8 @@ pub fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let running = matches!(cli.command, Some(Command::Run { .. }));
-    init_logging(cli.verbose, cli.stdio, running);
+    let serving = cli.stdio || matches!(cli.command, Some(Command::Serve { .. }));
+    init_logging(cli.verbose, serving, running);
     // Processes a sandbox leaves behind come back to us, not to PID 1
     // (which in a container may never reap them).
     if let Err(e) = crate::exec::process::become_subreaper() {
@@ -411,6 +480,30 @@ async fn dispatch(cli: Cli) -> ExitCode {
             file,
             code,
         }) => run::run_once(&opts, env, artifact, file, code).await,
+        Some(Command::Serve {
+            http,
+            tls_cert,
+            tls_key,
+            grace_seconds,
+        }) => {
+            let options = http::HttpOptions {
+                address: http,
+                tls: tls_cert.zip(tls_key),
+                grace: std::time::Duration::from_secs(grace_seconds),
+            };
+            serve::serve_http(
+                &StartOptions {
+                    prestart: true,
+                    in_background: true,
+                    ..opts
+                },
+                options,
+            )
+            .await
+        }
+        Some(Command::Token(TokenCommand::Add { name, file })) => {
+            token_add(cli.config.as_deref(), &name, file)
+        }
         Some(Command::Envs { json }) => envs::list_envs(&opts, json).await,
         Some(Command::Caches { clear, env, json }) => {
             caches::caches(cli.config.as_deref(), clear, env.as_deref(), json)
@@ -429,6 +522,40 @@ async fn dispatch(cli: Cli) -> ExitCode {
             out.print(&(serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"));
             out.finish(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `token add`: a new token for `name`, printed once.
+fn token_add(config: Option<&std::path::Path>, name: &str, file: Option<PathBuf>) -> ExitCode {
+    let path = match file {
+        Some(f) => f,
+        None => match crate::config::load(config) {
+            Ok(c) => match c.http.tokens_path() {
+                Some(p) => p,
+                None => {
+                    return fail(
+                        "no tokens file: pass --file FILE, or set [http] tokens_file in the configuration",
+                    );
+                }
+            },
+            Err(e) => return fail(e),
+        },
+    };
+    let mut out = Out::default();
+    let shown = |token: &str| {
+        out.print(&format!("{token}\n"));
+        !out.closed
+    };
+    match http::tokens::add(&path, name, shown) {
+        Ok(true) => {
+            eprintln!(
+                "nix-sandbox-mcp: added {name} to {}; the token above is shown only now (a running server reads the file on SIGHUP)",
+                path.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(false) => fail("the token could not be printed, so it was not added"),
+        Err(e) => fail(e),
     }
 }
 

@@ -141,6 +141,7 @@ pub(super) async fn run_once(
             inherited: &inherited,
             cancel,
             observer: Some(echo.clone()),
+            share: None,
         })
         .await;
     app.executor.shutdown().await;

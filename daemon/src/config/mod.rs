@@ -6,6 +6,7 @@
 //! are resolved or run. Value types with their own rules are in `values.rs`.
 
 pub mod commands;
+pub mod http;
 pub mod knobs;
 mod schema;
 #[cfg(test)]
@@ -39,6 +40,8 @@ pub struct Config {
     /// `[commands.NAME]`: declared commands, validated by `commands` once
     /// the environments are known.
     pub commands: BTreeMap<String, commands::CommandDecl>,
+    /// `[http]`: serving over Streamable HTTP.
+    pub http: http::HttpSettings,
     /// The `NIX_SANDBOX_*` variables (see [`knobs`]).
     pub knobs: Knobs,
 }
@@ -234,6 +237,9 @@ struct RawConfig {
     environments: Option<BTreeMap<EnvName, EnvironmentSettings>>,
     #[serde(default)]
     commands: BTreeMap<commands::CommandName, commands::CommandDecl>,
+    /// Serving over Streamable HTTP (`serve --http`).
+    #[serde(default)]
+    http: http::HttpSettings,
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -427,6 +433,20 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
             .collect(),
         environments,
         commands: raw.commands.into_iter().map(|(k, v)| (k.0, v)).collect(),
+        http: {
+            raw.http
+                .check()
+                .map_err(|(key, message)| ConfigError::Invalid {
+                    file: file.to_path_buf(),
+                    at: text
+                        .lines()
+                        .position(|l| l.trim_start().starts_with("[http"))
+                        .map(|i| (i + 1, 1)),
+                    key: Some(key),
+                    message,
+                })?;
+            raw.http
+        },
         knobs: Knobs::default(),
     })
 }

@@ -230,6 +230,10 @@ fn example_config_parses_and_documents_every_key() {
         "projects",
         "commands",
         "params",
+        "http",
+        "oauth",
+        "per_principal",
+        "principals",
     ];
     let keys: Vec<&str> = keys_found
         .iter()

@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::ExecError;
 
 #[derive(Debug)]
-pub(super) struct Admission {
+pub struct Admission {
+    /// Whose places these are: the server's, or one caller's share of them.
+    caller: bool,
     slots: Arc<Semaphore>,
     running: usize,
     waiting: AtomicUsize,
@@ -34,13 +36,31 @@ pub enum Queue {
 /// Permission to run one call; dropping it frees the slot.
 pub type Slot = OwnedSemaphorePermit;
 
+/// A call's places: in its caller's share, when it has one, and the
+/// server's run slot. Dropping it frees both.
+#[derive(Debug)]
+pub struct Places {
+    pub(super) _caller: Option<Slot>,
+    pub(super) _server: Slot,
+}
+
 impl Admission {
-    pub(super) fn new(running: usize, max_waiting: usize) -> Admission {
+    pub fn new(running: usize, max_waiting: usize) -> Admission {
         Admission {
+            caller: false,
             slots: Arc::new(Semaphore::new(running)),
             running,
             waiting: AtomicUsize::new(0),
             max_waiting,
+        }
+    }
+
+    /// One caller's share: at most `running` of its calls in flight (run
+    /// slots taken or waited for), and `max_waiting` more waiting to be.
+    pub fn for_caller(running: usize, max_waiting: usize) -> Admission {
+        Admission {
+            caller: true,
+            ..Admission::new(running, max_waiting)
         }
     }
 
@@ -49,23 +69,25 @@ impl Admission {
         self.running
     }
 
+    /// How many calls may wait for a slot.
+    pub(super) fn max_queued(&self) -> usize {
+        self.max_waiting
+    }
+
     /// Waits for a slot, or fails at once with `Busy` when too many calls
     /// already wait, or with `CancelledWhileQueued`. The daemon's own work
     /// (start-up checks of environments) waits whatever the queue holds.
-    pub(super) async fn slot(
-        &self,
-        cancel: &CancellationToken,
-        queue: Queue,
-    ) -> Result<Slot, ExecError> {
+    pub async fn slot(&self, cancel: &CancellationToken, queue: Queue) -> Result<Slot, ExecError> {
         if let Ok(p) = self.slots.clone().try_acquire_owned() {
             return Ok(p);
         }
         let waiting = self.waiting.fetch_add(1, Ordering::SeqCst);
         let _undo = Undo(&self.waiting);
         if queue == Queue::Bounded && waiting >= self.max_waiting {
-            return Err(ExecError::Busy {
-                running: self.running,
-                queued: waiting,
+            let (running, queued) = (self.running, waiting);
+            return Err(match self.caller {
+                true => ExecError::ShareBusy { running, queued },
+                false => ExecError::Busy { running, queued },
             });
         }
         tokio::select! {

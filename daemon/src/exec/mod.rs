@@ -64,7 +64,7 @@ use std::time::{Duration, Instant};
 use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
-pub use admission::{Queue, Slot, default_budget_mib};
+pub use admission::{Admission, Places, Queue, Slot, default_budget_mib};
 pub(crate) use outcome::Counted;
 pub use outcome::{LimitKind, Outcome};
 pub use request::{AGENT_DIR, AgentRequest, Argv, Bounds, Request, code_problem};
@@ -78,7 +78,7 @@ use crate::limits::{Enforcer, Usage};
 use crate::network::Proxy;
 use crate::platform::Platform;
 use crate::sync::Recover;
-use admission::{Admission, Budget, Reservation};
+use admission::{Budget, Reservation};
 use nest_parts::NestParts;
 use prestart::Pool;
 use recipe::{FromViews, Ingredients, Recipe, SeccompCache};
@@ -102,6 +102,10 @@ pub trait Observer: Send + Sync {
 pub enum ExecError {
     #[error("all {running} run slots are busy and {queued} calls are already waiting")]
     Busy { running: usize, queued: usize },
+    #[error(
+        "this caller already has {running} runs in flight and {queued} waiting, its share of the server"
+    )]
+    ShareBusy { running: usize, queued: usize },
     #[error("cancelled while waiting for a run slot")]
     CancelledWhileQueued,
     #[error(
@@ -441,7 +445,7 @@ impl Executor {
             workdir: argv.as_ref().map(|a| a.workdir.to_string()),
             ..Ingredients::run(req.env, req.project, req.inherited)
         })?);
-        let _slot = self.inner.admission.slot(&req.cancel, queue).await?;
+        let _places = self.places(&req.cancel, req.share, queue).await?;
         let start = Instant::now();
 
         let pooled = match argv {
@@ -646,6 +650,11 @@ impl Executor {
         self.inner.admission.max_running()
     }
 
+    /// How many calls may wait for a slot (`max_queued_runs`).
+    pub fn max_queued_runs(&self) -> usize {
+        self.inner.admission.max_queued()
+    }
+
     /// Sets a sandbox up for `recipe` now, giving bubblewrap `extra`
     /// descriptors to pass on to the command.
     async fn prepare_now(
@@ -670,10 +679,32 @@ impl Executor {
         })
     }
 
-    /// Waits for a run slot (see `max_concurrent_runs`), or fails at once
-    /// with `Busy` when too many calls already wait.
-    pub async fn slot(&self, cancel: &CancellationToken) -> Result<Slot, ExecError> {
-        self.inner.admission.slot(cancel, Queue::Bounded).await
+    /// Waits for a place in the caller's `share` when it has one, then for
+    /// a run slot (see `max_concurrent_runs`); fails at once with
+    /// `ShareBusy` or `Busy` when too many calls already wait.
+    pub async fn slot(
+        &self,
+        cancel: &CancellationToken,
+        share: Option<&Admission>,
+    ) -> Result<Places, ExecError> {
+        self.places(cancel, share, Queue::Bounded).await
+    }
+
+    async fn places(
+        &self,
+        cancel: &CancellationToken,
+        share: Option<&Admission>,
+        queue: Queue,
+    ) -> Result<Places, ExecError> {
+        let caller = match share {
+            Some(s) => Some(s.slot(cancel, Queue::Bounded).await?),
+            None => None,
+        };
+        let server = self.inner.admission.slot(cancel, queue).await?;
+        Ok(Places {
+            _caller: caller,
+            _server: server,
+        })
     }
 
     /// Waits (up to a few seconds) until no run is in flight, then stops the

@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use std::sync::Arc;
 
-use super::Observer;
+use super::{Admission, Observer};
 use crate::environment::Environment;
 use crate::jail::ProjectMount;
 
@@ -48,6 +48,8 @@ pub struct Request<'a> {
     pub inherited: &'a [(String, String)],
     pub cancel: CancellationToken,
     pub observer: Option<Arc<dyn Observer>>,
+    /// The caller's share of the run slots, when it has one (over HTTP).
+    pub share: Option<&'a Admission>,
 }
 
 impl<'a> Request<'a> {
@@ -61,6 +63,7 @@ impl<'a> Request<'a> {
             inherited: &[],
             cancel: CancellationToken::new(),
             observer: None,
+            share: None,
         }
     }
 }

@@ -39,7 +39,12 @@ impl SandboxServer {
     /// Tells the client that the tools changed (see [`tell_tools_changed`]).
     pub(super) fn tell_tools_changed(&self) {
         let listeners = self.listeners.lock().recover().clone();
-        tell_tools_changed(self.peer.get(), listeners);
+        let peers = {
+            let mut peers = self.peers.lock().recover();
+            peers.retain(|p| !p.is_transport_closed());
+            peers.clone()
+        };
+        tell_tools_changed(peers, listeners);
     }
 
     /// Offers each environment as its Nix build ends, in the background

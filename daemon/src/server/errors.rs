@@ -155,6 +155,11 @@ pub fn exec_error(e: &ExecError) -> ToolError {
             format!("the server is busy: {e}"),
             "Retry in a few seconds.",
         ),
+        ExecError::ShareBusy { .. } => ToolError::new(
+            ErrorCode::Busy,
+            e.to_string(),
+            "Wait for one of your calls to end, then call again.",
+        ),
         ExecError::CancelledWhileQueued => ToolError::new(
             ErrorCode::Cancelled,
             e.to_string(),

@@ -17,7 +17,13 @@ impl SandboxServer {
         let (job, cancel) = self
             .shared
             .jobs
-            .create(&env.name, env.limits, &self.shared.shutdown)
+            .create(
+                &self.principal,
+                self.quota.as_ref().map(|q| q.max_jobs),
+                &env.name,
+                env.limits,
+                &self.shared.shutdown,
+            )
             .map_err(|e| {
                 ToolError::new(ErrorCode::Busy, e.to_string(), "Wait for one to finish (the job tool with `wait`), or kill one you no longer need; a killed job frees its place at once.")
             })?;
@@ -52,6 +58,7 @@ impl SandboxServer {
                     inherited: &server.shared.inherited,
                     cancel,
                     observer: Some(observer),
+                    share: server.run_share(),
                 })
                 .await;
             let note = match &outcome {
@@ -101,6 +108,7 @@ impl SandboxServer {
                         inherited: &server.shared.inherited,
                         cancel,
                         observer: Some(observer),
+                        share: server.run_share(),
                     },
                     Argv {
                         argv: &inv.argv,
@@ -159,13 +167,15 @@ impl SandboxServer {
                 JOB_SHAPE,
             )?;
             let Some(id) = args.string("id")? else {
-                return Ok(job_result::job_list(&self.shared.jobs.list()));
+                return Ok(job_result::job_list(
+                    &self.shared.jobs.list(&self.principal),
+                ));
             };
-            let job = self.shared.jobs.get(&id).ok_or_else(|| {
+            let job = self.shared.jobs.get(&self.principal, &id).ok_or_else(|| {
                 let known: Vec<String> = self
                     .shared
                     .jobs
-                    .list()
+                    .list(&self.principal)
                     .iter()
                     .map(|j| j.id.clone())
                     .collect();

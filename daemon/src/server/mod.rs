@@ -29,14 +29,16 @@ use crate::exec::{Executor, Observer, Outcome, Request};
 use crate::jail::ProjectMount;
 use crate::jobs::Jobs;
 use crate::registry::{Builds, Gathered, Registry};
-use crate::sessions::{SessionCall, SessionOutcome, Sessions, Start};
+use crate::sessions::{SessionCall, SessionOutcome, Sessions, Share, Start};
 
 mod arguments;
+pub mod caller;
 mod commands;
 mod confirm_rounds;
 mod environments;
 mod errors;
 pub mod framing;
+pub mod http;
 mod job_result;
 mod job_tool;
 mod progress;
@@ -56,6 +58,7 @@ pub use roots::ProjectState;
 use crate::commands::sealed::SealedStates;
 use crate::sync::Recover;
 use arguments::Arguments;
+use caller::{DEFAULT_PROJECT, Grants, missing_scope};
 use confirm_rounds::Retry;
 use result::{ErrorCode, ToolError};
 
@@ -112,8 +115,9 @@ pub struct SandboxServer {
     instructions: Arc<String>,
     /// The largest per-stream output cap of any environment: what `job` returns at most.
     output_bytes: Arc<AtomicUsize>,
-    /// The client, once initialized (2025-11-25): told when the tools change.
-    peer: Arc<std::sync::OnceLock<Peer<RoleServer>>>,
+    /// The clients initialized under 2025-11-25 (over HTTP, one per MCP
+    /// session; closed ones are let go): told when the tools change.
+    peers: Arc<std::sync::Mutex<Vec<Peer<RoleServer>>>>,
     /// The open `subscriptions/listen` streams (2026-07-28) that asked to be
     /// told when the tools change.
     listeners: Arc<std::sync::Mutex<Vec<SubscriptionSink>>>,
@@ -130,9 +134,16 @@ pub struct SandboxServer {
     /// The task offering environments as their Nix builds end.
     building: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
     /// Who calls: on stdio, the one connection this server serves (a
-    /// random name made at start). What a caller is handed (a sealed
-    /// confirmation state) is bound to it.
+    /// random name made at start); over HTTP, the principal its
+    /// credentials name (see [`Self::for_principal`]). What a caller is
+    /// handed (sessions, jobs, tasks, confirmations) is bound to it.
     principal: Arc<str>,
+    /// Served over HTTP: the client's roots are not followed (they are
+    /// paths on another machine), sessions have handles under both
+    /// revisions, and a request may do what its grants allow.
+    remote: bool,
+    /// The principal's share of the server (HTTP only).
+    quota: Option<Arc<caller::Quota>>,
     /// Background runs as tasks, for callers that declare the extension.
     tasks: Arc<tasks::Tasks>,
     /// Sessions' handles under the stateless revision.
@@ -152,7 +163,7 @@ impl SandboxServer {
             tools: Arc::default(),
             instructions: Arc::new(instructions),
             output_bytes: Arc::default(),
-            peer: Arc::default(),
+            peers: Arc::default(),
             listeners: Arc::default(),
             watching: Arc::default(),
             ledger: Arc::default(),
@@ -161,6 +172,8 @@ impl SandboxServer {
             switching: Arc::default(),
             building: Arc::default(),
             principal: stdio_principal().into(),
+            remote: false,
+            quota: None,
             handles: Arc::default(),
             tasks: Arc::default(),
             sealed: SealedStates::new()
@@ -173,6 +186,19 @@ impl SandboxServer {
         server.offer(&registry, None);
         server.watch_project_file();
         server
+    }
+
+    /// This server as `principal` reaches it over HTTP: the same
+    /// environments, executor, tables and listeners, with its own name,
+    /// quota and ledger of project changes.
+    pub fn for_principal(&self, principal: &str, quota: caller::Quota) -> SandboxServer {
+        SandboxServer {
+            principal: principal.into(),
+            remote: true,
+            quota: Some(Arc::new(quota)),
+            ledger: Arc::default(),
+            ..self.clone()
+        }
     }
 
     /// The tools offered now: `run`, `job`, and the declared commands'
@@ -242,14 +268,15 @@ impl SandboxServer {
 
     /// Handles a `run` call; every failure becomes an error result.
     /// `stateless`: the call speaks 2026-07-28, where sessions have handles;
-    /// `tasks`: it declared the tasks extension, so a background run is a task.
+    /// `tasks`: it declared the tasks extension, so a background run is a task;
+    /// `grants`: the environments and projects it may use.
     async fn run(
         &self,
         args: Option<&JsonObject>,
         cancel: CancellationToken,
         progress: Option<Progress>,
-        stateless: bool,
-        tasks: bool,
+        (stateless, tasks): (bool, bool),
+        grants: &Grants,
     ) -> CallToolResponse {
         let result = async {
             let args = Arguments::new(args, tool::RUN, &["code", "env", "session", "background", "project"], RUN_SHAPE)?;
@@ -271,7 +298,10 @@ impl SandboxServer {
                 ));
             }
             let env = self.environment(env_name.trim())?;
-            let named = match args.string("project")? {
+            grants.may_use_env(&env.name)?;
+            let project = args.string("project")?;
+            grants.may_use_project(project.as_deref().unwrap_or(DEFAULT_PROJECT))?;
+            let named = match project {
                 Some(name) => Some(self.named_project(&name)?),
                 None => None,
             };
@@ -290,7 +320,8 @@ impl SandboxServer {
                 }
                 (false, None) => Ok(self.run_now(&env, &code, None, named, cancel, progress).await.into()),
                 (false, Some(name)) => {
-                    let handle = match stateless {
+                    // Over HTTP a name is the caller's own under both revisions.
+                    let handle = match stateless || self.remote {
                         true => Some(self.reach_session(&name)?.handle),
                         false => None,
                     };
@@ -319,6 +350,7 @@ impl SandboxServer {
         let state = self.shared.project_state();
         let mount = named.map(|(_, m)| m).or(state.mount.as_ref());
         let absent = project::absent_protected(mount);
+        let owns = |key: &str| self.handles.owns(&self.principal, key);
         let outcome = match session {
             None => self
                 .shared
@@ -330,6 +362,7 @@ impl SandboxServer {
                     inherited: &self.shared.inherited,
                     cancel: cancel.clone(),
                     observer: Some(live),
+                    share: self.run_share(),
                 })
                 .await
                 .map(|o| (o, None))
@@ -342,6 +375,11 @@ impl SandboxServer {
                         key: session.key(),
                         label: session.name,
                         project: named,
+                        share: self.quota.as_ref().map(|q| Share {
+                            max: q.max_sessions,
+                            owns: &owns,
+                            runs: &q.runs,
+                        }),
                     },
                     env,
                     code.as_bytes(),
@@ -405,6 +443,11 @@ impl SandboxServer {
         }
     }
 
+    /// The caller's share of the run slots (HTTP; none on stdio).
+    fn run_share(&self) -> Option<&crate::exec::Admission> {
+        self.quota.as_ref().map(|q| &q.runs)
+    }
+
     fn audit(
         &self,
         env: &Environment,
@@ -420,6 +463,7 @@ impl SandboxServer {
             Err(e) => Some(e.code.as_str()),
         };
         log.record(&audit::Entry {
+            principal: &self.principal,
             env,
             code: code.as_bytes(),
             kind,
@@ -524,7 +568,14 @@ impl ServerHandler for SandboxServer {
         // Only checked environments are listed; the descriptions and the
         // project file's commands follow the project.
         self.ready(&context.peer).await;
-        let mut list = ListToolsResult::with_all_items(self.tools());
+        // A caller sees the tools its grants let it call.
+        let grants = Grants::of(&context, self.remote);
+        let tools = self
+            .tools()
+            .into_iter()
+            .filter(|t| missing_scope(&t.name, &grants).is_none())
+            .collect();
+        let mut list = ListToolsResult::with_all_items(tools);
         list.meta = provenance::with_server_info(list.meta, stateless(&context));
         Ok(list)
     }
@@ -569,13 +620,36 @@ impl ServerHandler for SandboxServer {
         Ok(read.into())
     }
 
+    /// No prompts are offered (nor declared): the method is not found, as
+    /// the specification says of an undeclared capability's methods.
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, McpError> {
+        Err(McpError::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            "this server offers no prompts",
+            None,
+        ))
+    }
+
     /// rmcp hands a standard request whose params do not fit its type here,
-    /// as if the method were unknown; say what is wrong instead.
+    /// as if the method were unknown; say what is wrong instead. Under
+    /// 2026-07-28 the methods it removed are unknown.
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
+        let removed = ["initialize", "ping", "logging/setLevel"];
+        if stateless(&context) && removed.contains(&request.method.as_str()) {
+            return Err(McpError::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("{} is not a method of MCP 2026-07-28", request.method),
+                None,
+            ));
+        }
         let standard = [
             "initialize",
             "ping",
@@ -606,10 +680,14 @@ impl ServerHandler for SandboxServer {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        if self.watching.set(()).is_err() {
+        {
+            let mut peers = self.peers.lock().recover();
+            peers.retain(|p| !p.is_transport_closed());
+            peers.push(context.peer.clone());
+        }
+        if self.remote || self.watching.set(()).is_err() {
             return;
         }
-        let _ = self.peer.set(context.peer.clone());
         self.follow_roots(&context.peer).await;
     }
 
@@ -675,7 +753,7 @@ impl ServerHandler for SandboxServer {
     }
 
     async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
-        if self.watching.get().is_some() {
+        if !self.remote && self.watching.get().is_some() {
             self.follow_roots(&context.peer).await;
         }
     }
@@ -728,8 +806,8 @@ fn declares_tasks(context: &RequestContext<RoleServer>) -> bool {
 /// Sends `notifications/tools/list_changed` without waiting for it: to the
 /// initialized client (2025-11-25), and on each listen stream that asked
 /// for it (2026-07-28).
-fn tell_tools_changed(peer: Option<&Peer<RoleServer>>, listeners: Vec<SubscriptionSink>) {
-    if let Some(peer) = peer.cloned() {
+fn tell_tools_changed(peers: Vec<Peer<RoleServer>>, listeners: Vec<SubscriptionSink>) {
+    for peer in peers {
         tokio::spawn(async move {
             if let Err(e) = peer.notify_tool_list_changed().await {
                 tracing::debug!("cannot tell the client the tools changed: {e}");
@@ -760,17 +838,24 @@ impl SandboxServer {
         self.ready(&context.peer).await;
         let args = request.arguments.as_ref();
         let commands = self.shared.project_state().commands.clone();
-        match request.name.as_ref() {
+        let grants = Grants::of(&context, self.remote);
+        let name = request.name.as_ref();
+        if let Some(scope) = missing_scope(name, &grants) {
+            let err = caller::forbidden(
+                format!(
+                    "this caller's credentials do not allow {name} (it needs the scope {scope})"
+                ),
+                format!(
+                    "Ask the server's operator for {scope}, or use a tool this caller may use."
+                ),
+            );
+            return Ok(result::error_result(&err).into());
+        }
+        match name {
             tool::RUN => {
-                let tasks = declares_tasks(&context);
+                let era = (stateless(&context), declares_tasks(&context));
                 Ok(self
-                    .run(
-                        args,
-                        context.ct.clone(),
-                        progress,
-                        stateless(&context),
-                        tasks,
-                    )
+                    .run(args, context.ct.clone(), progress, era, &grants)
                     .await)
             }
             tool::JOB => Ok(self.job(args, progress).await.into()),
@@ -784,6 +869,18 @@ impl SandboxServer {
                 let catalog = commands.catalog();
                 match catalog.by_tool(other) {
                     Some(offered) => {
+                        if let Err(e) = grants.may_use_project(DEFAULT_PROJECT) {
+                            return Ok(result::error_result(&e).into());
+                        }
+                        if offered.command.confirm && !grants.confirm {
+                            let err = caller::forbidden(
+                                format!(
+                                    "{other} needs the user's confirmation, and this caller's credentials do not allow confirming (the scope sandbox:confirm)"
+                                ),
+                                "Ask the server's operator for sandbox:confirm.",
+                            );
+                            return Ok(result::error_result(&err).into());
+                        }
                         let retry = Retry {
                             input_responses: request.input_responses.as_ref(),
                             request_state: request.request_state.as_deref(),

@@ -40,6 +40,9 @@ pub enum ErrorCode {
     ConfirmationExpired,
     /// A token that is unknown, used, or bound to another invocation: nothing ran.
     ConfirmationInvalid,
+    /// The caller's credentials do not allow it (an environment, a project,
+    /// confirming): nothing ran.
+    Forbidden,
 }
 
 impl ErrorCode {
@@ -67,6 +70,7 @@ impl ErrorCode {
             ErrorCode::ConfirmationDeclined => "confirmation_declined",
             ErrorCode::ConfirmationExpired => "confirmation_expired",
             ErrorCode::ConfirmationInvalid => "confirmation_invalid",
+            ErrorCode::Forbidden => "forbidden",
         }
     }
 }

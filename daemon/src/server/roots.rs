@@ -117,7 +117,8 @@ impl SandboxServer {
     /// Whether calls must wait for the client's roots before they run: the
     /// project is not configured and the client declared roots.
     pub(super) fn follows_roots(&self, peer: &Peer<RoleServer>) -> bool {
-        !self.shared.config.project.path_is_explicit
+        !self.remote
+            && !self.shared.config.project.path_is_explicit
             && peer
                 .peer_info()
                 .is_some_and(|i| i.capabilities.roots.is_some())

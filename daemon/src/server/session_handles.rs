@@ -57,6 +57,16 @@ fn is_handle(given: &str) -> bool {
 }
 
 impl Handles {
+    /// Whether `handle` was issued to `principal`.
+    pub fn owns(&self, principal: &str, handle: &str) -> bool {
+        self.inner
+            .lock()
+            .recover()
+            .owners
+            .get(handle)
+            .is_some_and(|o| &**o == principal)
+    }
+
     /// The session `principal` reaches by `given` (a handle, or a name,
     /// which gets a handle the first time).
     pub fn reach(&self, principal: &Arc<str>, given: &str) -> Result<Reached, Unreachable> {

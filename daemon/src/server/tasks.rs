@@ -71,7 +71,7 @@ impl Tasks {
         let created = SystemTime::now();
         let mut ids = self.ids.lock().recover();
         // Tasks of forgotten jobs go with them.
-        ids.retain(|_, e| jobs.get(&e.job).is_some());
+        ids.retain(|_, e| jobs.get(&e.principal, &e.job).is_some());
         ids.insert(
             id.clone(),
             Entry {
@@ -101,7 +101,7 @@ impl Tasks {
             .get(task_id)
             .filter(|e| &e.principal == principal)
             .ok_or(Unknown::NotIssued)?;
-        let job = jobs.get(&entry.job).ok_or(Unknown::Forgotten)?;
+        let job = jobs.get(principal, &entry.job).ok_or(Unknown::Forgotten)?;
         Ok((job, entry.created))
     }
 }
@@ -177,6 +177,8 @@ mod tests {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let (job, _cancel) = jobs
             .create(
+                &"me".into(),
+                None,
                 "bash",
                 crate::limits::Limits::resolve(Default::default()),
                 &shutdown,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::environment::{Environment, InterpreterKind};
+use crate::exec::Admission;
 use crate::exec::ending::{Ending, Subject, signal_name};
 use crate::exec::{
     AgentRequest, Counted, End, ExecError, Executor, Observer, Outcome, Sandbox, SetupFailure,
@@ -63,6 +64,18 @@ pub struct SessionCall<'a> {
     pub label: &'a str,
     /// The configured project it works in (`[projects.NAME]`), by name.
     pub project: Option<(&'a str, &'a ProjectMount)>,
+    /// The caller's share of the table, when it has one: a new session of
+    /// a caller at its bound closes the caller's own least recently used.
+    pub share: Option<Share<'a>>,
+}
+
+/// A caller's share of the sessions: at most `max` of those whose keys it `owns`.
+#[derive(Clone, Copy)]
+pub struct Share<'a> {
+    pub max: usize,
+    pub owns: &'a (dyn Fn(&str) -> bool + Sync),
+    /// The caller's share of the run slots.
+    pub runs: &'a Admission,
 }
 
 /// How this call found its session.
@@ -143,6 +156,10 @@ impl Sessions {
         }
     }
 
+    pub fn limits(&self) -> SessionLimits {
+        self.limits
+    }
+
     /// Runs `code` in the session `call` names, of `env`, creating the
     /// session on first use.
     pub async fn call(
@@ -157,6 +174,7 @@ impl Sessions {
             .kind
             .ok_or_else(|| SessionError::Unsupported(env.name.clone()))?;
         let name = call.key;
+        let share = call.share;
         let in_call = self.session(call, env)?;
         let session = &in_call.0;
         // Calls on one session queue here, before they take a run slot.
@@ -164,7 +182,7 @@ impl Sessions {
             state = session.live.clone().lock_owned() => state,
             _ = cancel.cancelled() => return Err(ExecError::CancelledWhileQueued.into()),
         };
-        let _run_slot = match self.executor.slot(cancel).await {
+        let _places = match self.executor.slot(cancel, share.map(|s| s.runs)).await {
             Ok(s) => s,
             Err(e) => {
                 self.forget_unstarted(name, session, &state);
@@ -238,6 +256,7 @@ impl Sessions {
             key: name,
             label,
             project,
+            share,
         } = call;
         let mut table = self.table.lock().recover();
         if let Some(s) = table.get(name) {
@@ -265,26 +284,10 @@ impl Sessions {
                 why,
             });
         }
-        if table.len() >= self.limits.max_sessions {
-            // Make room by closing the least recently used session not in a call.
-            let max = self.limits.max_sessions;
-            let victim = table
-                .iter()
-                .filter(|(_, s)| !s.in_call())
-                .min_by_key(|(_, s)| *s.last_used.lock().recover())
-                .map(|(n, _)| n.clone());
-            let Some(victim) = victim else {
-                let mut names: Vec<_> = table.values().map(|s| s.label.clone()).collect();
-                names.sort();
-                return Err(SessionError::Full {
-                    max,
-                    names: names.join(", "),
-                });
-            };
-            let closed = table.remove(&victim).expect("listed above");
-            self.remember_gone(victim, format!("it was the least recently used when session {label:?} needed its place (at most {max} are open at once)"));
-            tokio::spawn(async move { closed.close().await });
+        if let Some(share) = share {
+            self.make_room(&mut table, share.owns, share.max, label, "of this caller's")?;
         }
+        self.make_room(&mut table, &|_| true, self.limits.max_sessions, label, "")?;
         let s = Arc::new(Session {
             label: label.to_string(),
             project: project.map(|(n, m)| (n.to_string(), m.clone())),
@@ -296,6 +299,48 @@ impl Sessions {
         });
         table.insert(name.to_string(), s.clone());
         Ok(InCall::enter(&s))
+    }
+
+    /// With `max` sessions open whose keys are `among`, closes the least
+    /// recently used of them not in a call, for a new session `label`
+    /// (`whose` says whose, in the reason given).
+    fn make_room(
+        &self,
+        table: &mut HashMap<String, Arc<Session>>,
+        among: &(dyn Fn(&str) -> bool + Sync),
+        max: usize,
+        label: &str,
+        whose: &str,
+    ) -> Result<(), SessionError> {
+        if table.keys().filter(|k| among(k)).count() < max {
+            return Ok(());
+        }
+        let victim = table
+            .iter()
+            .filter(|(k, s)| among(k) && !s.in_call())
+            .min_by_key(|(_, s)| *s.last_used.lock().recover())
+            .map(|(n, _)| n.clone());
+        let Some(victim) = victim else {
+            let mut names: Vec<_> = table
+                .iter()
+                .filter(|(k, _)| among(k))
+                .map(|(_, s)| s.label.clone())
+                .collect();
+            names.sort();
+            return Err(SessionError::Full {
+                max,
+                names: names.join(", "),
+            });
+        };
+        let closed = table.remove(&victim).expect("listed above");
+        let whose = if whose.is_empty() {
+            String::new()
+        } else {
+            format!(" {whose}")
+        };
+        self.remember_gone(victim, format!("it was the least recently used{whose} when session {label:?} needed its place (at most {max} are open at once)"));
+        tokio::spawn(async move { closed.close().await });
+        Ok(())
     }
 
     /// `project`: the session's own, else the server's.

@@ -95,6 +95,7 @@ pub async fn run_with(env: &Environment, code: &str, cancel: CancellationToken) 
             ),
             cancel,
             observer: None,
+            share: None,
         })
         .await
         .expect("run starts")

@@ -1,0 +1,236 @@
+//! One HTTP request, from arrival to the MCP service: the endpoint, Host
+//! and Origin, the caller's credentials, its share of connections and
+//! streams, the body (bounded in size and time), the scope a tool call
+//! needs, and the principal's MCP sessions; then the principal's own rmcp
+//! service, whose refusals are rewritten as JSON-RPC errors. What the
+//! request holds (its stream, its call) is given back when its response
+//! ends.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Frame, Incoming, SizeHint};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::Auth;
+use super::hosts::Allowed;
+use super::principals::{Counter, Principal, Principals, Taken};
+use super::refusal::{Body, Refusal, as_json_rpc};
+use crate::server::caller::{Grants, missing_scope};
+use crate::sync::Recover;
+
+/// The one endpoint.
+pub const ENDPOINT: &str = "/mcp";
+
+pub struct Gate {
+    pub auth: Auth,
+    pub allowed: Allowed,
+    pub principals: Principals,
+    pub max_body: usize,
+    pub body_timeout: Duration,
+    /// Cancelled when the server shuts down: requests are refused from then.
+    pub quitting: CancellationToken,
+    /// Calls in flight (requests but `subscriptions/listen` streams), which
+    /// shutting down waits for.
+    pub calls: Counter,
+}
+
+/// What a connection holds: its place among its principal's connections,
+/// taken on its first authenticated request.
+#[derive(Default)]
+pub struct Connection {
+    held: std::sync::Mutex<Option<(Arc<str>, Taken)>>,
+}
+
+impl Gate {
+    pub async fn handle(
+        self: Arc<Self>,
+        connection: Arc<Connection>,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Infallible> {
+        Ok(match self.admit(&connection, request).await {
+            Ok(response) => response,
+            Err(refusal) => {
+                let mut r = refusal.into_response();
+                if self.quitting.is_cancelled() {
+                    r.headers_mut().insert(
+                        header::CONNECTION,
+                        header::HeaderValue::from_static("close"),
+                    );
+                }
+                r
+            }
+        })
+    }
+
+    async fn admit(
+        &self,
+        connection: &Connection,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Refusal> {
+        if self.quitting.is_cancelled() {
+            return Err(Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down",
+            )
+            .retry_after(5));
+        }
+        self.allowed.check(request.headers())?;
+        let path = request.uri().path();
+        if let Some(oauth) = self.auth.oauth()
+            && oauth.resource_metadata_paths().iter().any(|p| p == path)
+        {
+            return Ok(json_response(&oauth.resource_metadata()));
+        }
+        if path != ENDPOINT {
+            return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                format!("there is nothing at {path:?}; MCP is served at {ENDPOINT}"),
+            ));
+        }
+        let caller = self.auth.authenticate(request.headers()).await?;
+        let principal = self.principals.get(&caller.principal)?;
+        let shares = self.principals.shares;
+        self.hold_connection(connection, &principal, shares.connections)?;
+        let stream = principal.streams.take(shares.streams).ok_or_else(|| {
+            Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "this caller already has {} requests in flight, its share of the server",
+                    shares.streams
+                ),
+            )
+            .retry_after(1)
+        })?;
+        let (mut parts, body) = request.into_parts();
+        let body = if parts.method == Method::POST {
+            self.read_body(body).await?
+        } else {
+            Bytes::new()
+        };
+        let message: Option<Value> = serde_json::from_slice(&body).ok();
+        let method = message.as_ref().and_then(|m| m["method"].as_str());
+        if method == Some("tools/call") {
+            let tool = message
+                .as_ref()
+                .and_then(|m| m["params"]["name"].as_str())
+                .unwrap_or("");
+            if let Some(scope) = missing_scope(tool, &caller.grants) {
+                return Err(self.auth.insufficient_scope(
+                    scope,
+                    format!("calling {tool} needs the scope {scope}, which this caller's credentials do not give"),
+                ));
+            }
+        }
+        if method == Some("initialize") && principal.mcp_sessions().await >= shares.mcp_sessions {
+            return Err(Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "this caller already has {} MCP sessions open, its share of the server; end one (DELETE with its Mcp-Session-Id)",
+                    shares.mcp_sessions
+                ),
+            )
+            .retry_after(10));
+        }
+        let mut held = vec![stream];
+        if parts.method == Method::POST && method != Some("subscriptions/listen") {
+            held.extend(self.calls.take(usize::MAX));
+        }
+        parts.extensions.insert::<Grants>(caller.grants);
+        tracing::debug!(principal = %principal.name, method = ?method, "HTTP request");
+        let response = principal
+            .service
+            .handle(Request::from_parts(parts, Full::new(body)))
+            .await;
+        let (parts, body) = as_json_rpc(response).await.into_parts();
+        Ok(Response::from_parts(
+            parts,
+            Held { body, _held: held }.boxed(),
+        ))
+    }
+
+    /// Counts the connection among its principal's, on its first request.
+    fn hold_connection(
+        &self,
+        connection: &Connection,
+        principal: &Principal,
+        max: usize,
+    ) -> Result<(), Refusal> {
+        let mut held = connection.held.lock().recover();
+        if held.is_some() {
+            return Ok(());
+        }
+        let taken = principal.connections.take(max).ok_or_else(|| {
+            Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("this caller already has {max} connections open, its share of the server"),
+            )
+            .retry_after(1)
+        })?;
+        *held = Some((principal.name.clone(), taken));
+        Ok(())
+    }
+
+    /// The request's body, at most `max_body` bytes, within `body_timeout`.
+    async fn read_body(&self, body: Incoming) -> Result<Bytes, Refusal> {
+        let read = Limited::new(body, self.max_body).collect();
+        match tokio::time::timeout(self.body_timeout, read).await {
+            Err(_) => Err(Refusal::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request's body did not arrive within {} s",
+                    self.body_timeout.as_secs()
+                ),
+            )),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(Refusal::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request's body is larger than {} bytes", self.max_body),
+            )),
+            Ok(Err(e)) => Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                format!("the request's body could not be read: {e}"),
+            )),
+            Ok(Ok(c)) => Ok(c.to_bytes()),
+        }
+    }
+}
+
+fn json_response(v: &Value) -> Response<Body> {
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed())
+        .expect("a content type makes a response")
+}
+
+/// A response body that holds places (a stream, a call) until it ends.
+struct Held {
+    body: Body,
+    _held: Vec<Taken>,
+}
+
+impl hyper::body::Body for Held {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
