@@ -2,7 +2,8 @@
 # The project's single test command. Builds the daemon, runs the cargo tests
 # (unit and real-bubblewrap integration), drives the real binary over MCP stdio
 # with the official Python SDK (as root and as a non-root user), runs the Nix
-# tier when Nix is installed and the VM tier when its image exists, and gates
+# tier when Nix is installed and the VM tier when its image exists, runs the
+# suite over Streamable HTTP and the official conformance suite, and gates
 # speed with bench/speed.py --check. It ends with a summary: the tiers run,
 # the tiers skipped and why, and every test that skipped itself and why.
 #
@@ -41,7 +42,7 @@ pytest_run() {
   "$@" -rs 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
-  grep -E '^SKIPPED ' "$log" | sed "s|^|tests/mcp ($(id -un), protocol ${NSM_PROTOCOL:-2025-11-25}): |" >>"$skip_log" || true
+  grep -E '^SKIPPED ' "$log" | sed "s|^|tests/mcp ($(id -un), ${NSM_TRANSPORT:-stdio}${NSM_AUTH:+ $NSM_AUTH}, protocol ${NSM_PROTOCOL:-2025-11-25}): |" >>"$skip_log" || true
   rm -f "$log"
   return "$rc"
 }
@@ -92,9 +93,31 @@ fi
 # (2025-11-25), then a stateless one (2026-07-28).
 for protocol in 2025-11-25 2026-07-28; do
   step "MCP client suite, protocol $protocol"
-  (cd tests/mcp && NSM_PROTOCOL=$protocol NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest)
+  (cd tests/mcp && NSM_PROTOCOL=$protocol NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest --ignore=test_conformance.py)
   tier_ran "MCP suite as $(id -un), protocol $protocol"
 done
+
+# The same suite over Streamable HTTP (`serve --http`): the files that
+# drive the MCP surface, with bearer tokens in both revisions and with
+# OAuth access tokens of a test issuer. (test_http*.py, which always speak
+# HTTP, ran above.)
+http_files=(test_basic.py test_sessions.py test_commands.py test_project.py test_error_codes.py test_hostile.py
+  test_hostile_project.py test_lifetime.py test_long_runs.py test_load.py)
+step "MCP client suite over HTTP with bearer tokens, protocol 2026-07-28"
+(cd tests/mcp && NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest "${http_files[@]}")
+step "MCP client suite over HTTP with bearer tokens, protocol 2025-11-25"
+(cd tests/mcp && NSM_TRANSPORT=http NSM_PROTOCOL=2025-11-25 NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest test_basic.py test_sessions.py test_commands.py)
+step "MCP client suite over HTTP with OAuth access tokens, protocol 2026-07-28"
+(cd tests/mcp && NSM_TRANSPORT=http NSM_AUTH=oauth NSM_PROTOCOL=2026-07-28 NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest test_basic.py test_sessions.py)
+tier_ran "MCP suite over HTTP as $(id -un) (tokens in both revisions, OAuth)"
+
+step "the official MCP conformance suite against serve --http (node 22 from the npm package node@22)"
+(cd tests/conformance && npm ci --silent --no-audit --no-fund)
+conformance_log=$(mktemp)
+cleanup+=("$conformance_log")
+(cd tests/mcp && NSM_BIN=$bin pytest_run "$venv/bin/python" -m pytest -s test_conformance.py) | tee "$conformance_log"
+grep -E '^conformance: ' "$conformance_log" | sed 's/^/tests\/mcp\/test_conformance.py: /' >>"$skip_log" || true
+tier_ran "MCP conformance suite (server scenarios)"
 
 step "MCP client: the official TypeScript SDK (2025-11-25)"
 (cd tests/ts && npm ci --silent --no-audit --no-fund && NSM_BIN=$bin node client.mjs)
@@ -115,6 +138,9 @@ if [ "$(id -u)" = 0 ]; then
     grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, $protocol): |" >>"$skip_log" || true
     tier_ran "MCP suite as $user (rlimits), protocol $protocol"
   done
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_sessions.py test_http.py test_http_principals.py test_http_oauth.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
+  grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, http, 2026-07-28): |" >>"$skip_log" || true
+  tier_ran "MCP suite over HTTP as $user, protocol 2026-07-28"
 else
   tier_skipped "non-root tier" nonroot "this run already is one (uid $(id -u))"
 fi

@@ -61,7 +61,7 @@ def test_every_bad_access_token_is_refused_and_nothing_runs(srv):
         "not yet valid": iss.token(aud, sub="eve", nbf=now + 3600),
         "alg none": f"{header_none}.{claims}.",
         "unknown key id": iss.token(aud, sub="eve", kid="not-in-the-jwks"),
-        "shared secret": iss.token(aud, sub="eve", key="a-guessed-secret", alg="HS256"),
+        "shared secret": iss.token(aud, sub="eve", key="a-guessed-secret-of-thirty-two-bytes!", alg="HS256"),
         "no subject": iss.token(aud, sub=None),
         "no expiry": iss.token(aud, sub="eve", exp=None),
     }

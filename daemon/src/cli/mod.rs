@@ -45,7 +45,9 @@ with the job tool.
 It speaks MCP 2026-07-28 (stateless: server/discover, _meta on every \
 request) and 2025-11-25 (and older revisions with an initialize \
 handshake), whichever the client speaks; docs/protocol.md says what each \
-feature is under each.
+feature is under each. --stdio serves the one client that starts it; \
+`serve --http` serves a team over Streamable HTTP, callers authenticated \
+by bearer tokens or OAuth and each one's work kept apart (docs/http.md).
 
 Without a configuration file it serves the host's bash, python3 and node \
 (host mode), found as the shell finds them: through pyenv, asdf, mise and \
@@ -135,6 +137,8 @@ PROTOCOL LIMITS (--stdio)
     text: empty code, a NUL byte or invalid UTF-8 is an invalid_input error.
     What the server reads from a sandbox is bounded ([defaults] output_bytes
     and output_limit_mb; a session's reply channel 4 KiB a line, 1 MiB a call).
+    Over HTTP a request's body is bounded the same (16 MiB, [http]
+    max_body_bytes), and its head, time and connections as `serve --help` says.
 
 EXIT STATUS
     run exits with the program's own status, or one that says what else
@@ -144,6 +148,7 @@ EXIT STATUS
 
 EXAMPLES
     nix-sandbox-mcp --stdio
+    nix-sandbox-mcp serve --http 127.0.0.1:8765
     nix-sandbox-mcp client-config claude-code | sh
     nix-sandbox-mcp client-config vscode > .vscode/mcp.json
     nix-sandbox-mcp run --env python 'print(6 * 7)'
@@ -291,8 +296,18 @@ enum Command {
         name: String,
         /// Mount this directory as the project (sets PROJECT_DIR) instead of
         /// the directory the client starts the server in
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "url")]
         project_dir: Option<PathBuf>,
+        /// Reach a server that `serve --http` serves at URL (such as
+        /// https://sandbox.example.com/mcp) instead of starting one: the
+        /// client presents a bearer token, taken from an environment
+        /// variable or a prompt where the client can, never written into the
+        /// text (Zed's excepted: it expands nothing)
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// The environment variable that holds the token (with --url)
+        #[arg(long, value_name = "VAR", requires = "url", default_value = crate::clients::remote::DEFAULT_TOKEN_VAR)]
+        token_var: String,
     },
     /// Serve MCP over Streamable HTTP, for a team, remote agents and CI
     ///
@@ -512,9 +527,16 @@ async fn dispatch(cli: Cli) -> ExitCode {
         // Without a client, clap has made sure --all was given.
         Some(Command::ClientConfig {
             client,
-            all: _,
+            name,
+            url: Some(url),
+            token_var,
+            ..
+        }) => remote_client_config(client, &name, url, token_var),
+        Some(Command::ClientConfig {
+            client,
             name,
             project_dir,
+            ..
         }) => client_config(cli.config, client, &name, project_dir),
         Some(Command::Schema) => {
             let schema = crate::config::json_schema();
@@ -608,6 +630,54 @@ fn own_command() -> Result<PathBuf, String> {
             .and_then(std::fs::canonicalize)
             .map_err(|e| format!("cannot tell where this binary is: {e}")),
     }
+}
+
+/// `client-config --url`: the forms that reach a server over HTTP.
+fn remote_client_config(
+    client: Option<crate::clients::Client>,
+    name: &str,
+    url: String,
+    token_var: String,
+) -> ExitCode {
+    use crate::clients::{self, remote};
+    if !clients::is_valid_name(name) {
+        eprintln!(
+            "nix-sandbox-mcp: --name {name:?}: use letters, digits, '-' and '_' (at most 64)"
+        );
+        return ExitCode::from(2);
+    }
+    if let Err(e) = crate::config::http::check_url(&url) {
+        eprintln!("nix-sandbox-mcp: --url: {e}");
+        return ExitCode::from(2);
+    }
+    let var_ok = !token_var.is_empty()
+        && !token_var.starts_with(|c: char| c.is_ascii_digit())
+        && token_var
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !var_ok {
+        eprintln!(
+            "nix-sandbox-mcp: --token-var {token_var:?}: a variable's name is letters, digits and '_'"
+        );
+        return ExitCode::from(2);
+    }
+    let r = remote::Remote {
+        name: name.to_string(),
+        url,
+        token_var,
+    };
+    let mut out = Out::default();
+    match client {
+        Some(c) => match c.render_remote(&r) {
+            Some(text) => {
+                out.print(&text);
+                eprintln!("nix-sandbox-mcp: {}", c.remote_destination(&r));
+            }
+            None => return fail(c.remote_destination(&r)),
+        },
+        None => out.print(&remote::markdown(&r)),
+    }
+    out.finish(ExitCode::SUCCESS)
 }
 
 fn client_config(

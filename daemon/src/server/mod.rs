@@ -503,9 +503,12 @@ pub fn either_cancelled(a: &CancellationToken, b: &CancellationToken) -> Cancell
 
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
+        // Prompts: none, but declared, as the list rmcp answers with (empty)
+        // says: a server that answers prompts/list declares prompts.
         let mut capabilities = ServerCapabilities::builder()
             .enable_tools()
             .enable_resources()
+            .enable_prompts()
             .enable_tasks()
             .build();
         // The project file's commands, environments Nix is still building,
@@ -618,20 +621,6 @@ impl ServerHandler for SandboxServer {
         let mut read = project::read(&self.ledger, &request.uri)?;
         read.meta = provenance::with_server_info(read.meta, stateless(&context));
         Ok(read.into())
-    }
-
-    /// No prompts are offered (nor declared): the method is not found, as
-    /// the specification says of an undeclared capability's methods.
-    async fn list_prompts(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<rmcp::model::ListPromptsResult, McpError> {
-        Err(McpError::new(
-            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-            "this server offers no prompts",
-            None,
-        ))
     }
 
     /// rmcp hands a standard request whose params do not fit its type here,

@@ -1,7 +1,10 @@
 //! MCP client configuration: for each client, the ready-to-paste text that
 //! makes it start this server over stdio, in the client's own format, and
-//! where that text goes. Each form follows the client's documentation,
-//! cited at its renderer. Pure: a [`Launch`] in, text out.
+//! where that text goes; `remote.rs` the same for a server reached over
+//! HTTP. Each form follows the client's documentation, cited at its
+//! renderer. Pure: a [`Launch`] (or a [`remote::Remote`]) in, text out.
+
+pub mod remote;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
