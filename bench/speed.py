@@ -14,6 +14,9 @@ the gate that fails a build whose speed regressed:
                      back-to-back calls, with store views and path by path
   sustained.py       calls per second with 1, 2, 4 and 8 in flight against
                      bare bubblewrap, for bash and for python
+  streamable_http.py calls per second with 1, 8 and 32 in flight over HTTP
+                     against stdio, and the memory of 1,000 idle
+                     authenticated connections
   first_result.py    from starting the server to its first run's result
   syscalls.py        what the sandbox adds to each system call its
                      programs make
@@ -56,6 +59,7 @@ import bench  # noqa: E402
 import closure_calls  # noqa: E402
 import first_result  # noqa: E402
 import session_bench  # noqa: E402
+import streamable_http  # noqa: E402
 import sustained  # noqa: E402
 import syscalls  # noqa: E402
 
@@ -70,6 +74,7 @@ def full(binary: str, quick: bool) -> list[tuple[str, dict]]:
         ("closures of 10 and 200 store paths", closure_calls.measure(binary, q(15, 40), q(2, 4), [10, 200])),
         ("sustained load, bash", sustained.measure(binary, "bash", [1, 2, 4, 8], 2, q(2, 4))),
         ("sustained load, python", sustained.measure(binary, "python", [1, 2, 4, 8], 2, q(2, 4))),
+        ("Streamable HTTP against stdio", streamable_http.measure(binary, [1, 8, 32], 2, q(2, 4), 1000)),
         ("time to first result", first_result.measure(binary, q(5, 15))),
         ("the cost of a system call", syscalls.measure(binary, q(3, 9), 200_000)),
     ]
@@ -83,6 +88,7 @@ def short(binary: str) -> list[tuple[str, dict]]:
         ("closures of 10 and 200 store paths",
          closure_calls.measure(binary, 3, 2, [10, 200], ways_wanted=("store view",))),
         ("sustained load, bash", sustained.measure(binary, "bash", [2], 2, 2, rlimits=False)),
+        ("Streamable HTTP against stdio", streamable_http.measure(binary, [8], 2, 2, 1000)),
         ("time to first result", first_result.measure(binary, 3)),
     ]
 

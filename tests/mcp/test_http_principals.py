@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import anyio
+import pytest
 
 from harness import (BIN, PROTOCOL, STATELESS, call, dump, legacy_only, readable_tmpdir, run_async, start,
                      stateless_only, write_config)
@@ -229,4 +230,18 @@ def test_grants_limit_environments_projects_and_tools():
                 await start(a)
                 assert "deploy" in [t.name for t in (await a.list_tools()).tools]
                 assert (await run_ok(a, "cat /project/name.txt", project="theirs"))["stdout"] == "theirs"
+        run_async(t)
+
+
+def test_a_principals_patches_are_its_own():
+    with two() as s:
+        async def t():
+            async with both(s) as (a, b):
+                sc = await run_ok(a, "echo secret-change > /project/made-by-alice.txt")
+                uri = sc["changes"]["patch_uri"]
+                assert "secret-change" in (await a.read_resource(uri)).contents[0].text
+                assert uri in [str(r.uri) for r in (await a.list_resources()).resources]
+                assert uri not in [str(r.uri) for r in (await b.list_resources()).resources]
+                with pytest.raises(Exception, match="no longer kept"):
+                    await b.read_resource(uri)
         run_async(t)

@@ -67,11 +67,11 @@ impl SandboxServer {
     /// name that gets one), or the error a model can act on.
     pub(super) fn reach_session(&self, given: &str) -> Result<Reached, ToolError> {
         self.handles
-            .reach(&self.principal, given)
+            .reach(&self.principal, given, &|h| self.shared.sessions.is_open(h))
             .map_err(|e| match e {
                 Unreachable::UnknownHandle => ToolError::new(
                     ErrorCode::SessionExpired,
-                    format!("no session has the handle {given:?}: it was never issued by this server as it runs now, or the server restarted"),
+                    format!("no session has the handle {given:?}: it was never issued by this server as it runs now, its session closed long ago, or the server restarted"),
                     "Call with a session name to start a session, and use the handle its result gives.",
                 ),
                 Unreachable::OtherPrincipal => ToolError::new(

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use crate::sync::Recover;
 
 const PREFIX: &str = "s_";
-/// Names (aliases) remembered at once, over every principal.
+/// Names (aliases) remembered at once, over every principal. When the table
+/// is full, the names of sessions no longer open are let go: open sessions
+/// are far fewer (`max_sessions`), so no caller can fill it for the others.
 const MAX_ALIASES: usize = 4096;
 
 /// Why a session named in a call cannot be reached.
@@ -68,8 +70,14 @@ impl Handles {
     }
 
     /// The session `principal` reaches by `given` (a handle, or a name,
-    /// which gets a handle the first time).
-    pub fn reach(&self, principal: &Arc<str>, given: &str) -> Result<Reached, Unreachable> {
+    /// which gets a handle the first time). `is_open`: whether a handle's
+    /// session is open, asked only when the table is full.
+    pub fn reach(
+        &self,
+        principal: &Arc<str>,
+        given: &str,
+        is_open: &dyn Fn(&str) -> bool,
+    ) -> Result<Reached, Unreachable> {
         let mut t = self.inner.lock().recover();
         if is_handle(given) {
             return match t.owners.get(given) {
@@ -85,6 +93,11 @@ impl Handles {
             return Ok(Reached {
                 handle: handle.clone(),
             });
+        }
+        if t.aliases.len() >= MAX_ALIASES {
+            t.aliases.retain(|_, h| is_open(h));
+            let Tables { aliases, owners } = &mut *t;
+            owners.retain(|h, _| aliases.values().any(|a| a == h));
         }
         if t.aliases.len() >= MAX_ALIASES {
             return Err(Unreachable::TooManyNames);
@@ -104,20 +117,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_full_table_lets_go_of_the_names_of_closed_sessions_only() {
+        let h = Handles::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let kept = h.reach(&b, "kept", &|_| true).unwrap();
+        for i in 1..MAX_ALIASES {
+            h.reach(&a, &format!("n{i}"), &|_| true).unwrap();
+        }
+        assert_eq!(
+            h.reach(&a, "more", &|_| true),
+            Err(Unreachable::TooManyNames)
+        );
+        // With only b's session open, a's closed ones make room.
+        let open = |handle: &str| handle == kept.handle;
+        let more = h.reach(&b, "more", &open).unwrap();
+        assert_eq!(h.reach(&b, &kept.handle, &open).unwrap(), kept);
+        assert_eq!(h.reach(&b, "more", &open).unwrap(), more);
+        assert_eq!(
+            h.reach(&a, "n1", &open).unwrap().handle.len(),
+            34,
+            "a forgotten name gets a new handle"
+        );
+    }
+
+    #[test]
     fn a_name_gets_one_handle_per_principal_and_the_handle_reaches_it() {
         let h = Handles::default();
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        let first = h.reach(&a, "work").unwrap();
+        let first = h.reach(&a, "work", &|_| true).unwrap();
         assert!(is_handle(&first.handle), "{first:?}");
-        assert_eq!(h.reach(&a, "work").unwrap(), first);
-        assert_eq!(h.reach(&a, &first.handle).unwrap(), first);
+        assert_eq!(h.reach(&a, "work", &|_| true).unwrap(), first);
+        assert_eq!(h.reach(&a, &first.handle, &|_| true).unwrap(), first);
         // The same name is another session for another principal.
-        let theirs = h.reach(&b, "work").unwrap();
+        let theirs = h.reach(&b, "work", &|_| true).unwrap();
         assert_ne!(theirs, first);
         // Nobody reaches another principal's session by its handle.
-        assert_eq!(h.reach(&b, &first.handle), Err(Unreachable::OtherPrincipal));
         assert_eq!(
-            h.reach(&a, &theirs.handle),
+            h.reach(&b, &first.handle, &|_| true),
+            Err(Unreachable::OtherPrincipal)
+        );
+        assert_eq!(
+            h.reach(&a, &theirs.handle, &|_| true),
             Err(Unreachable::OtherPrincipal)
         );
     }
@@ -127,9 +167,15 @@ mod tests {
         let h = Handles::default();
         let me: Arc<str> = "a".into();
         let forged = format!("s_{}", "0".repeat(32));
-        assert_eq!(h.reach(&me, &forged), Err(Unreachable::UnknownHandle));
+        assert_eq!(
+            h.reach(&me, &forged, &|_| true),
+            Err(Unreachable::UnknownHandle)
+        );
         // Not of a handle's form: a name.
-        assert!(h.reach(&me, "s_xyz").is_ok());
-        assert!(h.reach(&me, &format!("s_{}", "A".repeat(32))).is_ok());
+        assert!(h.reach(&me, "s_xyz", &|_| true).is_ok());
+        assert!(
+            h.reach(&me, &format!("s_{}", "A".repeat(32)), &|_| true)
+                .is_ok()
+        );
     }
 }

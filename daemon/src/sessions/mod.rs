@@ -160,6 +160,11 @@ impl Sessions {
         self.limits
     }
 
+    /// Whether a session is open under `key`.
+    pub fn is_open(&self, key: &str) -> bool {
+        self.table.lock().recover().contains_key(key)
+    }
+
     /// Runs `code` in the session `call` names, of `env`, creating the
     /// session on first use.
     pub async fn call(

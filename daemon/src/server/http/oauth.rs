@@ -197,8 +197,14 @@ impl OAuth {
             )
         })?;
         let claims = data.claims;
-        if claims.sub.is_empty() || claims.sub.len() > MAX_SUBJECT {
-            return Err(invalid("the access token's subject is empty or too long"));
+        // The subject names the principal in logs and the audit log.
+        if claims.sub.is_empty()
+            || claims.sub.len() > MAX_SUBJECT
+            || claims.sub.chars().any(char::is_control)
+        {
+            return Err(invalid(
+                "the access token's subject is empty, too long, or holds control characters",
+            ));
         }
         let mut scopes: Vec<String> = claims
             .scope

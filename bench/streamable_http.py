@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Streamable HTTP against stdio: calls per second with k calls always in
+flight (k = 1, 8, 32 by default) on one server over stdio and one over HTTP
+(`serve --http` on loopback, a bearer token, the 2026-07-28 revision: a
+stateless POST a call, k keep-alive connections), both with the same
+configuration, in the same run; then the server's memory with 1,000 idle
+authenticated connections open against its memory idle.
+
+Rows, per k, each for --seconds in each of --rounds rounds, the two
+transports' order reversed every other round (a drift in the host's speed
+falls on both alike):
+  stdio   k tools/call requests in flight on one server's standard input
+  HTTP    k connections, each a tools/call POST at a time
+
+The ratio is HTTP's calls/s over stdio's, over all rounds (goal: at least
+0.9), with the lowest and highest of the rounds' own ratios beside it.
+Every call that is not ok is counted by its error code: there must be none.
+The servers run with max_concurrent_runs = the largest k (every call in
+flight has a sandbox) and the one principal's share set to the whole
+server, so that what is measured is the transport.
+
+usage: bench/streamable_http.py [--bin target/release/nix-sandbox-mcp] [--seconds 2] [--rounds 4] [--ks 1,8,32]
+                     [--idle-connections 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import http.client
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from bench import ROOT, Table, workdir, write_json
+from sustained import SANDBOX_MEMORY_MB, Pipelined
+
+PROTOCOL = "2026-07-28"
+META = {"io.modelcontextprotocol/protocolVersion": PROTOCOL, "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+class HttpServer:
+    """`serve --http` on a loopback port with one principal's token."""
+
+    def __init__(self, binary: str, env: dict, config: pathlib.Path, work: pathlib.Path) -> None:
+        self.token = "nsm_" + secrets.token_urlsafe(32)
+        tokens = work / "tokens"
+        tokens.write_text(f"bench sha256:{hashlib.sha256(self.token.encode()).hexdigest()}\n")
+        tokens.chmod(0o600)
+        shares = "".join(f"{k} = 100000\n" for k in ("max_connections", "max_streams", "max_runs", "max_jobs"))
+        http_config = work / "http.toml"
+        http_config.write_text(f'[http]\ntokens_file = "{tokens}"\nmax_connections = 4096\n'
+                               f"[http.per_principal]\n{shares}\n" + config.read_text())
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = work / "http.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([binary, "--config", str(http_config), "serve", "--http",
+                                          f"127.0.0.1:{self.port}"], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **env})
+        deadline = time.monotonic() + 60
+        while b"listening on" not in self.log.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"serve --http did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def connect(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+
+    def call(self, conn: http.client.HTTPConnection, env: str, code: str) -> dict:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "run", "arguments": {"env": env, "code": code}, "_meta": META}}
+        conn.request("POST", "/mcp", body=json.dumps(body), headers={
+            "authorization": f"Bearer {self.token}", "content-type": "application/json",
+            "accept": "application/json, text/event-stream", "mcp-protocol-version": PROTOCOL,
+            "mcp-method": "tools/call", "mcp-name": "run"})
+        r = conn.getresponse()
+        text = r.read().decode()
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip()]
+            return next((e for e in events if e.get("id") == 1), {"error": "no answer"})
+        return json.loads(text)
+
+    def sustain(self, env: str, code: str, k: int, seconds: float) -> tuple[int, collections.Counter]:
+        failures: collections.Counter = collections.Counter()
+        done = [0] * k
+        deadline = time.monotonic() + seconds
+
+        def worker(i: int) -> None:
+            conn = self.connect()
+            while time.monotonic() < deadline:
+                reply = self.call(conn, env, code)
+                content = (reply.get("result") or {}).get("structuredContent") or {}
+                if content.get("ok"):
+                    done[i] += 1
+                else:
+                    failures[(content.get("error") or {}).get("code") or json.dumps(reply)[:200]] += 1
+            conn.close()
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(k)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(done), failures
+
+    def rss_kib(self) -> int:
+        for line in pathlib.Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def idle_connections(self, n: int) -> list[socket.socket]:
+        """`n` connections, each authenticated by one request (tools/list)
+        and then left open, idle."""
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": META}}).encode()
+        head = (f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\nauthorization: Bearer {self.token}\r\n"
+                "content-type: application/json\r\naccept: application/json, text/event-stream\r\n"
+                f"mcp-protocol-version: {PROTOCOL}\r\nmcp-method: tools/list\r\ncontent-length: {len(body)}\r\n\r\n")
+        socks = []
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", self.port))
+            s.sendall(head.encode() + body)
+            socks.append(s)
+        for s in socks:  # each answered: the whole response read
+            s.settimeout(30)
+            got = b""
+            while b"\r\n0\r\n\r\n" not in got and not (b"content-length" in got.lower() and got.endswith(b"}")):
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise SystemExit("a connection closed before its answer")
+                got += chunk
+                if b"\n\n" in got and b"data:" in got and b'"id":1' in got:
+                    break
+        return socks
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int) -> dict:
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, idle + 1024)), hard))
+    work, env = workdir()
+    work = pathlib.Path(work)
+    config = work / "config.toml"
+    config.write_text(f"[server]\nmax_concurrent_runs = {max(ks)}\nmax_queued_runs = {4 * max(ks)}\n"
+                      f"memory_budget_mb = {2 * max(ks) * SANDBOX_MEMORY_MB}\n")
+    stdio = Pipelined(binary, env, ["--config", str(config)])
+    web = HttpServer(binary, env, config, work)
+    code = ":\n"
+    rows = {"stdio": lambda k: stdio.sustain("bash", code, k, seconds),
+            "HTTP": lambda k: web.sustain("bash", code, k, seconds)}
+    for run in rows.values():  # warm caches, the pool and the cgroups
+        run(max(ks))
+    done: dict = collections.Counter()
+    failures: dict = collections.defaultdict(collections.Counter)
+    ratios: dict = collections.defaultdict(list)
+    for n in range(rounds):
+        order = list(rows) if n % 2 == 0 else list(reversed(rows))
+        for k in ks:
+            this = {}
+            for label in order:
+                ok, failed = rows[label](k)
+                done[(k, label)] += ok
+                failures[(k, label)].update(failed)
+                this[label] = ok
+            ratios[k].append(this["HTTP"] / max(this["stdio"], 1))
+    stdio.close()
+
+    time.sleep(1)
+    before = web.rss_kib()
+    socks = web.idle_connections(idle)
+    time.sleep(1)
+    after = web.rss_kib()
+    for s in socks:
+        s.close()
+    web.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+    total = seconds * rounds
+    table = Table("http", ["k", "path", "calls/s", "HTTP ÷ stdio", "rounds", "failed"])
+    metrics = {}
+    for k in ks:
+        base = done[(k, "stdio")] / total
+        for label in rows:
+            rate = done[(k, label)] / total
+            failed = ", ".join(f"{c} x{n}" for c, n in failures[(k, label)].items()) or "-"
+            spread = f"{min(ratios[k]):.2f}-{max(ratios[k]):.2f}" if label == "HTTP" else "-"
+            table.add([k, label, rate, rate / max(base, 1e-9) if label == "HTTP" else 1.0, spread, failed])
+        metrics[f"http.k{k}.http_over_stdio"] = done[(k, "HTTP")] / max(done[(k, "stdio")], 1)
+        metrics[f"http.k{k}.failed"] = float(sum(failures[(k, "HTTP")].values()))
+    memory = Table("http_idle_connections", ["what", "MiB"])
+    memory.add(["server idle (after the calls above)", before / 1024])
+    memory.add([f"with {idle} idle authenticated connections", after / 1024])
+    memory.add(["difference (goal: at most 64)", (after - before) / 1024])
+    metrics["http.idle_connections_mib"] = (after - before) / 1024
+    return {"tables": [table, memory], "metrics": metrics,
+            "title": f"bash, {rounds} x {seconds:g} s per row, uid {os.getuid()}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
+    ap.add_argument("--seconds", type=float, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--ks", default="1,8,32")
+    ap.add_argument("--idle-connections", type=int, default=1000)
+    ap.add_argument("--json", help="also write the tables and metrics to this file (for bench/speed.py)")
+    a = ap.parse_args()
+    if not pathlib.Path(a.bin).exists():
+        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
+    result = measure(a.bin, [int(k) for k in a.ks.split(",")], a.seconds, a.rounds, a.idle_connections)
+    print(result["title"])
+    for t in result["tables"]:
+        print(t.text())
+    write_json(a, result)
+
+
+if __name__ == "__main__":
+    main()
