@@ -140,7 +140,9 @@ if [ "$(id -u)" = 0 ]; then
   done
   su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_sessions.py test_http.py test_http_principals.py test_http_oauth.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
   grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, http, 2026-07-28): |" >>"$skip_log" || true
-  tier_ran "MCP suite over HTTP as $user, protocol 2026-07-28"
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_AUTH=oauth NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
+  grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, http oauth, 2026-07-28): |" >>"$skip_log" || true
+  tier_ran "MCP suite over HTTP as $user (tokens, OAuth), protocol 2026-07-28"
 else
   tier_skipped "non-root tier" nonroot "this run already is one (uid $(id -u))"
 fi

@@ -6,7 +6,7 @@ stateless POST a call, k keep-alive connections), both with the same
 configuration, in the same run; then the server's memory with 1,000 idle
 authenticated connections open against its memory idle.
 
-Rows, per k, each for --seconds in each of --rounds rounds, the two
+Rows, per k, each for --seconds in each of --runs rounds, the two
 transports' order reversed every other round (a drift in the host's speed
 falls on both alike):
   stdio   k tools/call requests in flight on one server's standard input
@@ -19,13 +19,12 @@ The servers run with max_concurrent_runs = the largest k (every call in
 flight has a sandbox) and the one principal's share set to the whole
 server, so that what is measured is the transport.
 
-usage: bench/streamable_http.py [--bin target/release/nix-sandbox-mcp] [--seconds 2] [--rounds 4] [--ks 1,8,32]
-                     [--idle-connections 1000]
+usage: bench/streamable_http.py [--bin target/release/nix-sandbox-mcp] [--seconds 2] [--runs 4]
+                                [--idle-connections 1000]
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import hashlib
 import http.client
@@ -40,7 +39,7 @@ import subprocess
 import threading
 import time
 
-from bench import ROOT, Table, workdir, write_json
+from bench import Table, parse_args, workdir, write_json
 from sustained import SANDBOX_MEMORY_MB, Pipelined
 
 PROTOCOL = "2026-07-28"
@@ -211,17 +210,8 @@ def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
-    ap.add_argument("--seconds", type=float, default=2)
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--ks", default="1,8,32")
-    ap.add_argument("--idle-connections", type=int, default=1000)
-    ap.add_argument("--json", help="also write the tables and metrics to this file (for bench/speed.py)")
-    a = ap.parse_args()
-    if not pathlib.Path(a.bin).exists():
-        raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
-    result = measure(a.bin, [int(k) for k in a.ks.split(",")], a.seconds, a.rounds, a.idle_connections)
+    a = parse_args(__doc__, runs=4, seconds=2, idle_connections=1000)
+    result = measure(a.bin, [1, 8, 32], a.seconds, a.runs, a.idle_connections)
     print(result["title"])
     for t in result["tables"]:
         print(t.text())

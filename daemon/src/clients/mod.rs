@@ -265,9 +265,24 @@ pub const README_COMMAND: &str = "/home/me/.cargo/bin/nix-sandbox-mcp";
 pub const DEFAULT_NAME: &str = "sandbox";
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The words a POSIX shell makes of `line`, with `vars` set.
+    pub(crate) fn shell_words(line: &str, vars: &[(&str, &str)]) -> Vec<String> {
+        let o = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("set -- {}; printf '%s\\n' \"$@\"", line.trim()))
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        String::from_utf8(o.stdout)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
 
     fn launch(project: Option<&str>, config: Option<&str>) -> Launch {
         Launch::new(
@@ -352,19 +367,7 @@ mod tests {
             "claude mcp add --env 'PROJECT_DIR=/src/it'\\''s' sandbox -- '/opt/nsm dir/bin/nix-sandbox-mcp' --config /etc/nsm.toml --stdio\n"
         );
         // Read back by a shell, the words are the launch's.
-        let o = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "set -- {}; printf '%s\\n' \"$@\"",
-                Client::ClaudeCode.render(&l).trim()
-            ))
-            .output()
-            .unwrap();
-        let words: Vec<String> = String::from_utf8(o.stdout)
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect();
+        let words = shell_words(&Client::ClaudeCode.render(&l), &[]);
         assert_eq!(words[4], "PROJECT_DIR=/src/it's");
         assert_eq!(words[7], "/opt/nsm dir/bin/nix-sandbox-mcp");
     }

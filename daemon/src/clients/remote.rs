@@ -196,17 +196,8 @@ mod tests {
             line,
             "claude mcp add --transport http sandbox https://sandbox.example.com:8443/mcp --header \"Authorization: Bearer $NIX_SANDBOX_MCP_TOKEN\"\n"
         );
-        let o = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!("set -- {}; printf '%s\\n' \"$@\"", line.trim()))
-            .env("NIX_SANDBOX_MCP_TOKEN", "nsm_secret")
-            .output()
-            .unwrap();
-        let words: Vec<String> = String::from_utf8(o.stdout)
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect();
+        let words =
+            crate::clients::tests::shell_words(&line, &[("NIX_SANDBOX_MCP_TOKEN", "nsm_secret")]);
         assert_eq!(
             words[3..],
             [
