@@ -14,6 +14,7 @@
 //! commands), `clients` (MCP clients' configuration), `network` (which hosts
 //! a sandbox may reach, and the proxy that holds it to that), `changes` (what
 //! a run changed in the project), `caches` (directories kept between calls),
+//! `metrics` (what a fleet watches, at /metrics),
 //! `mountinfo` (the mount table), `sync` (locks that outlive a panic),
 //! `userns` (what keeps a host from giving sandboxes user namespaces).
 
@@ -31,6 +32,7 @@ pub mod exec;
 pub mod jail;
 pub mod jobs;
 pub mod limits;
+pub mod metrics;
 mod mountinfo;
 pub mod network;
 pub mod platform;

@@ -390,3 +390,35 @@ def test_stopping_lets_calls_finish_within_the_grace_then_kills_their_runs():
     sc, text, err = run_async(t, 1, f"sleep 60.{m}; echo never")
     assert err and sc["error"]["code"] == "cancelled", text
     assert processes_with(m) == []
+
+
+# --- What a fleet watches --------------------------------------------------------
+
+def test_health_readiness_and_metrics():
+    with server(principals=("alice",)) as s:
+        code, _, body = raw(s, method="GET", path="/healthz", token=None, body=None)
+        assert (code, body) == (200, {"status": "live"})
+        code, _, body = raw(s, method="GET", path="/readyz", token=None, body=None)
+        assert code == 200 and body["status"] == "ready" and "bash" in body["environments"], body
+        refused(401, raw(s, method="GET", path="/metrics", token=None, body=None))
+
+        async def t():
+            async with client(s.url, s.token("alice")) as c:
+                await start(c)
+                await run_ok(c, "echo counted")
+                sc, _, err = await call(c, "bash", "exit 3")
+                assert err and sc["error"]["code"] == "exit_nonzero"
+        run_async(t)
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=15)
+        conn.request("GET", "/metrics", headers={"authorization": f"Bearer {s.token('alice')}"})
+        r = conn.getresponse()
+        text = r.read().decode()
+        assert r.status == 200 and r.headers["content-type"].startswith("application/openmetrics-text"), text
+        for want in ['nix_sandbox_mcp_runs_total{env="bash",kind="run",outcome="ok"} 1',
+                     'nix_sandbox_mcp_runs_total{env="bash",kind="run",outcome="exit_nonzero"} 1',
+                     'nix_sandbox_mcp_run_duration_seconds_count{env="bash"} 2',
+                     'nix_sandbox_mcp_http_refused_total{reason="unauthenticated"} 1',
+                     "nix_sandbox_mcp_memory_budget_mib "]:
+            assert want in text, (want, text)
+    with server(principals=(), http_config="metrics = false\n") as s:
+        refused(404, raw(s, method="GET", path="/metrics", token=None, body=None))

@@ -116,6 +116,7 @@ impl Running {
             inherited,
             shutdown: shutdown.clone(),
             audit,
+            metrics: Arc::default(),
             jobs,
             sessions: sessions.clone(),
             projects,

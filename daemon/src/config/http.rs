@@ -55,6 +55,9 @@ pub struct HttpSettings {
     pub max_connections: Option<Positive>,
     /// Principals known at once (OAuth subjects come and go; default 4096).
     pub max_principals: Option<Positive>,
+    /// Serve `/metrics` (Prometheus' text format), to callers with
+    /// credentials when the server requires them (default true).
+    pub metrics: Option<bool>,
     /// Each principal's share of the server.
     #[serde(default)]
     pub per_principal: PerPrincipal,

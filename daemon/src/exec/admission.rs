@@ -136,6 +136,11 @@ impl Budget {
         self.total_mib
     }
 
+    /// MiB of the budget held by sandboxes alive now.
+    pub(super) fn used_mib(&self) -> u64 {
+        self.total_mib - self.mib.available_permits() as u64
+    }
+
     /// How many sandboxes with a memory limit of `bytes` the whole budget
     /// holds at once.
     pub(super) fn holds(&self, bytes: u64) -> u64 {

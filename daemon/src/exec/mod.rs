@@ -639,6 +639,16 @@ impl Executor {
         self.inner.budget.total_mib()
     }
 
+    /// MiB of the memory budget held by sandboxes alive now.
+    pub fn memory_budget_used_mib(&self) -> u64 {
+        self.inner.budget.used_mib()
+    }
+
+    /// Sandboxes prepared ahead and waiting for a call.
+    pub fn sandboxes_ready(&self) -> usize {
+        self.inner.pool.ready_count()
+    }
+
     /// How many sandboxes with a memory limit of `bytes` the memory budget
     /// holds at once.
     pub fn budget_holds(&self, bytes: u64) -> u64 {

@@ -96,6 +96,16 @@ fn busiest(calls: &VecDeque<Instant>) -> usize {
 }
 
 impl Pool {
+    /// Sandboxes prepared and waiting for a call.
+    pub(super) fn ready_count(&self) -> usize {
+        self.ready
+            .lock()
+            .recover()
+            .values()
+            .map(|r| r.sandboxes.len())
+            .sum()
+    }
+
     pub(super) fn new(target: usize) -> Pool {
         Pool {
             ready: Mutex::new(HashMap::new()),

@@ -416,6 +416,12 @@ impl SandboxServer {
         outcome: Option<&Outcome>,
         error: Option<&str>,
     ) {
+        if event == "run" {
+            let seconds = outcome.map(|o| o.duration.as_secs_f64());
+            self.shared
+                .metrics
+                .run(&inv.env, "command", error.unwrap_or("ok"), seconds);
+        }
         if let Some(log) = &self.shared.audit {
             log.record_command(&CommandEntry {
                 principal: &self.principal,

@@ -89,6 +89,7 @@ pub struct Shared {
     /// Cancelled when the server shuts down: every run in flight is killed.
     pub shutdown: CancellationToken,
     pub audit: Option<Arc<AuditLog>>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub jobs: Jobs,
     pub sessions: Arc<Sessions>,
     /// `[projects.NAME]`: the projects a call may name in `project`.
@@ -455,12 +456,16 @@ impl SandboxServer {
         kind: &str,
         outcome: Result<&Outcome, &ToolError>,
     ) {
-        let Some(log) = &self.shared.audit else {
-            return;
-        };
         let error = match &outcome {
             Ok(o) => result::run_error(o, &env.limits).map(|e| e.code.as_str()),
             Err(e) => Some(e.code.as_str()),
+        };
+        let seconds = outcome.ok().map(|o| o.duration.as_secs_f64());
+        self.shared
+            .metrics
+            .run(&env.name, kind, error.unwrap_or("ok"), seconds);
+        let Some(log) = &self.shared.audit else {
+            return;
         };
         log.record(&audit::Entry {
             principal: &self.principal,

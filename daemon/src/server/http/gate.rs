@@ -1,5 +1,6 @@
-//! One HTTP request, from arrival to the MCP service: the endpoint, Host
-//! and Origin, the caller's credentials, its share of connections and
+//! One HTTP request, from arrival to the MCP service: Host and Origin, the
+//! endpoint (`/mcp`; `/healthz`, `/readyz` and `/metrics` for a fleet's
+//! balancer and monitoring), the caller's credentials, its share of connections and
 //! streams, the body (bounded in size and time), the scope a tool call
 //! needs, and the principal's MCP sessions; then the principal's own rmcp
 //! service, whose refusals are rewritten as JSON-RPC errors. What the
@@ -16,7 +17,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming, SizeHint};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::Auth;
@@ -40,6 +41,9 @@ pub struct Gate {
     /// Calls in flight (requests but `subscriptions/listen` streams), which
     /// shutting down waits for.
     pub calls: Counter,
+    /// Whether `/metrics` is served (to callers with credentials, when the
+    /// server requires them).
+    pub metrics: bool,
 }
 
 /// What a connection holds: its place among its principal's connections,
@@ -58,6 +62,7 @@ impl Gate {
         Ok(match self.admit(&connection, request).await {
             Ok(response) => response,
             Err(refusal) => {
+                self.server().shared.metrics.refused(reason(refusal.status));
                 let mut r = refusal.into_response();
                 if self.quitting.is_cancelled() {
                     r.headers_mut().insert(
@@ -87,7 +92,25 @@ impl Gate {
         if let Some(oauth) = self.auth.oauth()
             && oauth.resource_metadata_paths().iter().any(|p| p == path)
         {
-            return Ok(json_response(&oauth.resource_metadata()));
+            return Ok(json_response(StatusCode::OK, &oauth.resource_metadata()));
+        }
+        match path {
+            "/healthz" => return Ok(json_response(StatusCode::OK, &json!({"status": "live"}))),
+            "/readyz" => return Ok(self.readiness()),
+            "/metrics" if self.metrics => {
+                self.auth.authenticate(request.headers()).await?;
+                let executor = &self.server().shared.executor;
+                let text = self.server().shared.metrics.render(
+                    executor.sandboxes_ready(),
+                    executor.memory_budget_used_mib(),
+                    executor.memory_budget_mib(),
+                );
+                return Ok(Response::builder()
+                    .header(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)
+                    .body(Full::new(Bytes::from(text)).boxed())
+                    .expect("a content type makes a response"));
+            }
+            _ => {}
         }
         if path != ENDPOINT {
             return Err(Refusal::new(
@@ -202,8 +225,69 @@ impl Gate {
     }
 }
 
-fn json_response(v: &Value) -> Response<Body> {
+impl Gate {
+    fn server(&self) -> &crate::server::SandboxServer {
+        self.principals.base()
+    }
+
+    /// 200 when a call can be served now: the environments' start checks
+    /// done, their Nix builds ended, at least one environment, not
+    /// shutting down; else 503, saying what is missing.
+    fn readiness(&self) -> Response<Body> {
+        let server = self.server();
+        let registry = server.shared.registry();
+        let mut waiting = Vec::new();
+        if !*server.checked.borrow() {
+            waiting.push("the environments' start checks are running".to_string());
+        }
+        if !registry.building.is_empty() {
+            waiting.push(format!(
+                "Nix is building: {}",
+                registry
+                    .building
+                    .iter()
+                    .map(|b| b.label.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if registry.is_empty() {
+            waiting.push("no environment can be served".to_string());
+        }
+        if self.quitting.is_cancelled() {
+            waiting.push("the server is shutting down".to_string());
+        }
+        match waiting.is_empty() {
+            true => json_response(
+                StatusCode::OK,
+                &json!({"status": "ready", "environments": registry.names()}),
+            ),
+            false => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "not ready", "waiting": waiting}),
+            ),
+        }
+    }
+}
+
+/// A refusal's reason, as the metrics count it.
+fn reason(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "malformed",
+        401 => "unauthenticated",
+        403 => "forbidden",
+        404 => "not_found",
+        408 => "body_timeout",
+        413 => "body_too_large",
+        429 => "over_share",
+        503 => "unavailable",
+        _ => "other",
+    }
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
     Response::builder()
+        .status(status)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(v.to_string())).boxed())
         .expect("a content type makes a response")

@@ -13,6 +13,10 @@
 //! - `principals.rs`: each principal's service, server and shares.
 //! - `refusal.rs`: every refusal a status and a JSON-RPC error.
 //!
+//! `/healthz` and `/readyz` answer a balancer's probes without credentials
+//! (they say nothing a caller could use); `/metrics` needs them where the
+//! server does.
+//!
 //! Secure by default: loopback unless told otherwise, and a non-loopback
 //! address only with credentials required. Bounded: request heads (size,
 //! count, time, which is also the idle time between requests), bodies
@@ -145,6 +149,7 @@ pub async fn serve(
         body_timeout: Duration::from_secs(n(settings.body_timeout_seconds, 30) as u64),
         quitting: CancellationToken::new(),
         calls: Counter::default(),
+        metrics: settings.metrics.unwrap_or(true),
     });
     let limits = ConnectionLimits {
         idle: Duration::from_secs(n(settings.idle_timeout_seconds, 30) as u64),

@@ -81,6 +81,11 @@ impl Principals {
         }
     }
 
+    /// The server as every principal reaches it, before its own name and share.
+    pub fn base(&self) -> &SandboxServer {
+        &self.base
+    }
+
     /// `name`'s entry, made on its first request.
     pub fn get(&self, name: &str) -> Result<Arc<Principal>, Refusal> {
         let mut table = self.table.lock().recover();
