@@ -192,11 +192,17 @@ def stdio_only(why: str) -> Any:
     return pytest.mark.skipif(TRANSPORT != "stdio", reason=f"stdio only: {why}")
 
 
-async def start(s: ClientSession) -> None:
-    """Begins talking to the server in the revision the tests speak."""
+async def start(s: ClientSession, over_http: bool = TRANSPORT == "http") -> None:
+    """Begins talking to the server in the revision the tests speak
+    (`over_http`: the session is over HTTP, whatever the suite's transport)."""
     if STATELESS:
         result = await s.discover()
         assert result.supported_versions and PROTOCOL in result.supported_versions, result
+        if over_http:
+            # As a client does before calling: a call mirrors the arguments
+            # the tools mark `x-mcp-header` into headers (Mcp-Param-Session),
+            # which it knows from the listing.
+            await s.list_tools()
     else:
         await s.initialize()
 

@@ -24,8 +24,8 @@ from typing import Any
 import anyio
 import pytest
 
-from harness import (BIN, PROTOCOL, call, legacy_only, processes_with, run_async, server_params, start,
-                     write_config)
+from harness import (BIN, PROTOCOL, call, dump, legacy_only, processes_with, run_async, server_params, start,
+                     stateless_only, write_config)
 from http_transport import HttpServer, client, free_port, token_line
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -320,7 +320,7 @@ def test_tls_serves_mcp_and_a_bad_certificate_is_refused_at_start():
                 from mcp.client.streamable_http import streamable_http_client
                 async with streamable_http_client(f"https://localhost:{s.port}/mcp", http_client=http_client) as (r, w):
                     async with ClientSession(r, w) as c:
-                        await start(c)
+                        await start(c, over_http=True)
                         assert (await run_ok(c, "echo over tls"))["stdout"] == "over tls\n"
         run_async(t)
         # Plain HTTP to the TLS port gets nothing served.
@@ -345,7 +345,7 @@ def test_a_unix_socket_is_its_owners_alone():
                 from mcp.client.streamable_http import streamable_http_client
                 async with streamable_http_client("http://localhost/mcp", http_client=http_client) as (r, w):
                     async with ClientSession(r, w) as c:
-                        await start(c)
+                        await start(c, over_http=True)
                         assert (await run_ok(c, "echo over a socket"))["stdout"] == "over a socket\n"
         run_async(t)
     assert not path.exists(), "the socket is removed when the server stops"
@@ -361,7 +361,7 @@ def test_stopping_lets_calls_finish_within_the_grace_then_kills_their_runs():
         got: list[Any] = []
         try:
             async with client(s.url, s.token(), terminate_on_close=False) as c:
-                await start(c)
+                await start(c, over_http=True)
                 await c.list_tools()  # the tools' schemas, which a call reads, known before the server stops
 
                 async def one() -> None:
@@ -398,13 +398,15 @@ def test_health_readiness_and_metrics():
     with server(principals=("alice",)) as s:
         code, _, body = raw(s, method="GET", path="/healthz", token=None, body=None)
         assert (code, body) == (200, {"status": "live"})
+        # Ready once the environments' start checks are done.
+        assert eventually(lambda: raw(s, method="GET", path="/readyz", token=None, body=None)[0] == 200, 60)
         code, _, body = raw(s, method="GET", path="/readyz", token=None, body=None)
-        assert code == 200 and body["status"] == "ready" and "bash" in body["environments"], body
+        assert body["status"] == "ready" and "bash" in body["environments"], body
         refused(401, raw(s, method="GET", path="/metrics", token=None, body=None))
 
         async def t():
             async with client(s.url, s.token("alice")) as c:
-                await start(c)
+                await start(c, over_http=True)
                 await run_ok(c, "echo counted")
                 sc, _, err = await call(c, "bash", "exit 3")
                 assert err and sc["error"]["code"] == "exit_nonzero"
@@ -422,3 +424,44 @@ def test_health_readiness_and_metrics():
             assert want in text, (want, text)
     with server(principals=(), http_config="metrics = false\n") as s:
         refused(404, raw(s, method="GET", path="/metrics", token=None, body=None))
+
+
+def test_a_replicas_sessions_and_tasks_are_held_by_it_and_said_so_elsewhere():
+    a = HttpServer(BIN, scratch(), env=env(), http_config='replica = "a"\n')
+    b = HttpServer(BIN, scratch(), env=env(), http_config='replica = "b"\n')
+    try:
+        assert "replica a" in a.log_tail()
+
+        async def t():
+            async with client(a.url, a.token()) as ca, client(b.url, b.token()) as cb:
+                await start(ca, over_http=True)
+                await start(cb, over_http=True)
+                sc = await run_ok(ca, "x=kept-on-a", session="work")
+                handle = sc["session"]["handle"]
+                assert handle.startswith("s_a_"), dump(sc)
+                sc, _, err = await call(cb, "bash", "echo $x", session=handle)
+                assert err and sc["error"]["code"] == "session_expired", dump(sc)
+                assert "held by replica a, and this is b" in sc["error"]["message"], dump(sc)
+                assert (await run_ok(ca, "echo $x", session=handle))["stdout"] == "kept-on-a\n"
+        run_async(t)
+    finally:
+        assert a.stop() == 0 and b.stop() == 0
+    bad = subprocess.run([BIN, "--config", write_config('[http]\nreplica = "A/1"\n'), "serve", "--http", "127.0.0.1:0"],
+                         env=env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "http.replica" in bad.stderr and "lower-case letters and digits" in bad.stderr, bad.stderr
+
+
+@stateless_only()
+def test_a_session_call_names_its_session_in_a_header_a_balancer_can_route_by():
+    with server() as s:
+        body = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "run", "arguments": {"env": "bash", "code": "echo hi", "session": "work"},
+                           "_meta": {"io.modelcontextprotocol/protocolVersion": PROTOCOL,
+                                     "io.modelcontextprotocol/clientCapabilities": {}}}}
+        base = {"mcp-protocol-version": PROTOCOL, "mcp-method": "tools/call", "mcp-name": "run"}
+        code, _, answer = raw(s, body=body, headers=base)
+        assert code == 400 and answer["error"]["code"] == -32020 and "Mcp-Param-Session" in answer["error"]["message"], answer
+        code, _, answer = raw(s, body=body, headers={**base, "mcp-param-session": "other"})
+        assert code == 400 and answer["error"]["code"] == -32020, answer
+        code, _, answer = raw(s, body=body, headers={**base, "mcp-param-session": "work"})
+        assert code == 200, answer

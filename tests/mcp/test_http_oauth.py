@@ -81,7 +81,7 @@ def test_a_valid_token_runs_as_its_subject_within_its_scopes(srv):
     async def t():
         token = iss.token(srv.resource, sub="alice", scope="sandbox:run sandbox:env:bash")
         async with client(srv.url, token) as c:
-            await start(c)
+            await start(c, over_http=True)
             assert (await run_ok(c, "echo as alice"))["stdout"] == "as alice\n"
             res = await c.call_tool("run", {"env": "python", "code": "print(1)"})
             assert res.is_error and res.structured_content["error"]["code"] == "forbidden", res

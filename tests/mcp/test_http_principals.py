@@ -52,8 +52,8 @@ def two(config_text: str = "", http_config: str = "", principals: tuple[str, ...
 async def both(s: HttpServer, callbacks: dict | None = None):
     async with client(s.url, s.token("alice"), callbacks=callbacks) as a, \
             client(s.url, s.token("bob"), callbacks=callbacks) as b:
-        await start(a)
-        await start(b)
+        await start(a, over_http=True)
+        await start(b, over_http=True)
         yield a, b
 
 
@@ -217,7 +217,7 @@ def test_grants_limit_environments_projects_and_tools():
     with two(config_text=config, http_config=scopes, principals=("alice", "carol")) as s:
         async def t():
             async with client(s.url, s.token("carol")) as c:
-                await start(c)
+                await start(c, over_http=True)
                 assert [t.name for t in (await c.list_tools()).tools] == ["run", "job"]
                 sc = await run_ok(c, "cat /project/name.txt", project="mine")
                 assert sc["stdout"] == "mine", dump(sc)
@@ -227,7 +227,7 @@ def test_grants_limit_environments_projects_and_tools():
                     res = await c.call_tool("run", args)
                     assert res.is_error and res.structured_content["error"]["code"] == "forbidden", (args, res)
             async with client(s.url, s.token("alice")) as a:
-                await start(a)
+                await start(a, over_http=True)
                 assert "deploy" in [t.name for t in (await a.list_tools()).tools]
                 assert (await run_ok(a, "cat /project/name.txt", project="theirs"))["stdout"] == "theirs"
         run_async(t)

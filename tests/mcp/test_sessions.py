@@ -537,7 +537,7 @@ def test_a_session_has_a_handle_that_reaches_it_and_nothing_else_does():
             sc, _, err = await call(s, "python", "x = 41", session="work")
             assert not err, dump(sc)
             handle = sc["session"]["handle"]
-            assert re.fullmatch(r"s_[0-9a-f]{32}", handle) and sc["session"]["name"] == "work", dump(sc)
+            assert re.fullmatch(r"s_([a-z0-9]{1,16}_)?[0-9a-f]{32}", handle) and sc["session"]["name"] == "work", dump(sc)
             sc, _, err = await call(s, "python", "x += 1; print(x)", session=handle)
             assert not err and sc["stdout"] == "42\n" and sc["session"]["state"] == "continued", dump(sc)
             assert sc["session"]["handle"] == handle, dump(sc)

@@ -55,6 +55,11 @@ pub struct HttpSettings {
     pub max_connections: Option<Positive>,
     /// Principals known at once (OAuth subjects come and go; default 4096).
     pub max_principals: Option<Positive>,
+    /// This server's name among replicas behind one load balancer: 1 to 16
+    /// lower-case letters and digits, put in the handles of its sessions
+    /// and tasks (`s_NAME_…`, `t_NAME_…`) so that the balancer routes them
+    /// back (default: derived from the host's name and the address served).
+    pub replica: Option<String>,
     /// Serve `/metrics` (Prometheus' text format), to callers with
     /// credentials when the server requires them (default true).
     pub metrics: Option<bool>,
@@ -159,6 +164,9 @@ impl HttpSettings {
             for s in &p.scopes {
                 check_scope(s).map_err(|m| (format!("{key}.scopes"), m))?;
             }
+        }
+        if let Some(r) = &self.replica {
+            crate::server::check_replica(r).map_err(|m| ("http.replica".to_string(), m))?;
         }
         if let Some(resource) = &self.resource {
             check_url(resource).map_err(|m| ("http.resource".to_string(), m))?;

@@ -24,11 +24,15 @@ impl SandboxServer {
             .map_err(|e| {
                 let why = match e {
                     tasks::Unknown::NotIssued => {
-                        "this server never issued it to this client (or it restarted since)"
+                        "this server never issued it to this client (or it restarted since)".to_string()
                     }
                     tasks::Unknown::Forgotten => {
-                        "its job finished and was forgotten (finished jobs are kept for a while)"
+                        "its job finished and was forgotten (finished jobs are kept for a while)".to_string()
                     }
+                    tasks::Unknown::OtherReplica(r) => format!(
+                        "it is held by replica {r}, and this is {}: the load balancer must route it there (by the Mcp-Name header)",
+                        self.replica_name()
+                    ),
                 };
                 McpError::invalid_params(format!("unknown task {task_id:?}: {why}"), None)
             })
@@ -73,6 +77,14 @@ impl SandboxServer {
                     ErrorCode::SessionExpired,
                     format!("no session has the handle {given:?}: it was never issued by this server as it runs now, its session closed long ago, or the server restarted"),
                     "Call with a session name to start a session, and use the handle its result gives.",
+                ),
+                Unreachable::OtherReplica(r) => ToolError::new(
+                    ErrorCode::SessionExpired,
+                    format!(
+                        "the session {given:?} is held by replica {r}, and this is {}: it cannot run here",
+                        self.replica_name()
+                    ),
+                    "The load balancer must route a session's calls to its replica (by the Mcp-Param-Session header); if that replica is gone, start a new session.",
                 ),
                 Unreachable::OtherPrincipal => ToolError::new(
                     ErrorCode::InvalidInput,

@@ -39,6 +39,7 @@ mod environments;
 mod errors;
 pub mod framing;
 pub mod http;
+mod ids;
 mod job_result;
 mod job_tool;
 mod progress;
@@ -52,6 +53,7 @@ pub mod tool;
 mod uri;
 
 pub use errors::exec_error;
+pub use ids::check_replica;
 use progress::Progress;
 pub use roots::ProjectState;
 
@@ -94,6 +96,9 @@ pub struct Shared {
     pub sessions: Arc<Sessions>,
     /// `[projects.NAME]`: the projects a call may name in `project`.
     pub projects: std::collections::BTreeMap<String, ProjectMount>,
+    /// This server's name among replicas (over HTTP), put in the handles
+    /// of what lives on it: sessions and tasks.
+    pub replica: Option<String>,
 }
 
 impl Shared {
@@ -157,6 +162,7 @@ pub struct SandboxServer {
 impl SandboxServer {
     pub fn new(shared: Shared) -> SandboxServer {
         let registry = shared.registry();
+        let replica = shared.replica.clone();
         let envs: Vec<_> = registry.iter().cloned().collect();
         let instructions = tool::instructions(&envs);
         let server = SandboxServer {
@@ -175,8 +181,8 @@ impl SandboxServer {
             principal: stdio_principal().into(),
             remote: false,
             quota: None,
-            handles: Arc::default(),
-            tasks: Arc::default(),
+            handles: Arc::new(session_handles::Handles::new(replica.clone())),
+            tasks: Arc::new(tasks::Tasks::new(replica)),
             sealed: SealedStates::new()
                 .inspect_err(|e| {
                     tracing::warn!("no key for confirmation states ({e}); confirmation under 2026-07-28 uses tokens")
@@ -444,6 +450,14 @@ impl SandboxServer {
         }
     }
 
+    /// This server's name among replicas, in messages.
+    fn replica_name(&self) -> &str {
+        self.shared
+            .replica
+            .as_deref()
+            .unwrap_or("a server that is no replica")
+    }
+
     /// The caller's share of the run slots (HTTP; none on stdio).
     fn run_share(&self) -> Option<&crate::exec::Admission> {
         self.quota.as_ref().map(|q| &q.runs)
@@ -562,6 +576,12 @@ impl ServerHandler for SandboxServer {
             info.protocol_version = request.protocol_version.clone();
         }
         Ok(info)
+    }
+
+    /// A tool by name: rmcp checks a call's `Mcp-Param-*` headers against
+    /// its schema (`x-mcp-header`).
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools().into_iter().find(|t| t.name == name)
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {

@@ -1,16 +1,18 @@
 //! Sessions under the stateless revision (2026-07-28), which has no
-//! connection to scope a session's name: a session a caller names gets a
-//! handle (`s_` and 32 hex digits: 128 random bits from the operating
-//! system), bound to that caller (its principal). The session table is keyed
-//! by the handle; the name stays an alias in the caller's own scope, so
-//! calls may name either. A handle is refused to anyone but its principal,
-//! and one that was never issued (forged, or from another server or before
-//! a restart) is told apart from a name. Under 2025-11-25 names key the
-//! table as they are.
+//! connection to scope a session's name, and over HTTP under both: a
+//! session a caller names gets a handle (`ids.rs`: `s_`, the replica's name
+//! when there are replicas, and 128 random bits), bound to that caller (its
+//! principal). The session table is keyed by the handle; the name stays an
+//! alias in the caller's own scope, so calls may name either. A handle is
+//! refused to anyone but its principal, one of another replica is said to
+//! be held there, and one that was never issued (forged, or from another
+//! server or before a restart) is told apart from a name. Under 2025-11-25
+//! on stdio names key the table as they are.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::ids;
 use crate::sync::Recover;
 
 const PREFIX: &str = "s_";
@@ -26,6 +28,8 @@ pub enum Unreachable {
     UnknownHandle,
     /// A handle issued to another principal.
     OtherPrincipal,
+    /// A handle of another replica, which holds the session.
+    OtherReplica(String),
     /// Too many names: no handle for a new one.
     TooManyNames,
 }
@@ -39,6 +43,8 @@ pub struct Reached {
 #[derive(Debug, Default)]
 pub struct Handles {
     inner: Mutex<Tables>,
+    /// This server's name among replicas, put in the handles it mints.
+    replica: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -49,16 +55,15 @@ struct Tables {
     owners: HashMap<String, Arc<str>>,
 }
 
-/// Whether `given` has the form of a handle.
-fn is_handle(given: &str) -> bool {
-    given.len() == PREFIX.len() + 32
-        && given.starts_with(PREFIX)
-        && given[PREFIX.len()..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 impl Handles {
+    /// Handles minted by `replica` (none: a server that is no replica).
+    pub fn new(replica: Option<String>) -> Handles {
+        Handles {
+            inner: Mutex::default(),
+            replica,
+        }
+    }
+
     /// Whether `handle` was issued to `principal`.
     pub fn owns(&self, principal: &str, handle: &str) -> bool {
         self.inner
@@ -79,7 +84,10 @@ impl Handles {
         is_open: &dyn Fn(&str) -> bool,
     ) -> Result<Reached, Unreachable> {
         let mut t = self.inner.lock().recover();
-        if is_handle(given) {
+        if let Some(theirs) = ids::replica_of(PREFIX, given) {
+            if let Some(other) = theirs.filter(|r| Some(*r) != self.replica.as_deref()) {
+                return Err(Unreachable::OtherReplica(other.to_string()));
+            }
             return match t.owners.get(given) {
                 Some(owner) if owner == principal => Ok(Reached {
                     handle: given.to_string(),
@@ -102,10 +110,7 @@ impl Handles {
         if t.aliases.len() >= MAX_ALIASES {
             return Err(Unreachable::TooManyNames);
         }
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(|_| Unreachable::TooManyNames)?;
-        let handle: String =
-            PREFIX.to_string() + &bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let handle = ids::mint(PREFIX, self.replica.as_deref()).ok_or(Unreachable::TooManyNames)?;
         t.owners.insert(handle.clone(), principal.clone());
         t.aliases.insert(key, handle.clone());
         Ok(Reached { handle })
@@ -118,7 +123,7 @@ mod tests {
 
     #[test]
     fn a_full_table_lets_go_of_the_names_of_closed_sessions_only() {
-        let h = Handles::default();
+        let h = Handles::new(None);
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
         let kept = h.reach(&b, "kept", &|_| true).unwrap();
         for i in 1..MAX_ALIASES {
@@ -142,10 +147,14 @@ mod tests {
 
     #[test]
     fn a_name_gets_one_handle_per_principal_and_the_handle_reaches_it() {
-        let h = Handles::default();
+        let h = Handles::new(None);
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
         let first = h.reach(&a, "work", &|_| true).unwrap();
-        assert!(is_handle(&first.handle), "{first:?}");
+        assert_eq!(
+            ids::replica_of(PREFIX, &first.handle),
+            Some(None),
+            "{first:?}"
+        );
         assert_eq!(h.reach(&a, "work", &|_| true).unwrap(), first);
         assert_eq!(h.reach(&a, &first.handle, &|_| true).unwrap(), first);
         // The same name is another session for another principal.
@@ -164,7 +173,7 @@ mod tests {
 
     #[test]
     fn a_handle_never_issued_is_unknown_and_not_taken_for_a_name() {
-        let h = Handles::default();
+        let h = Handles::new(None);
         let me: Arc<str> = "a".into();
         let forged = format!("s_{}", "0".repeat(32));
         assert_eq!(
@@ -176,6 +185,28 @@ mod tests {
         assert!(
             h.reach(&me, &format!("s_{}", "A".repeat(32)), &|_| true)
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_replicas_handles_name_it_and_another_replicas_are_told_apart() {
+        let (a, b) = (
+            Handles::new(Some("a".into())),
+            Handles::new(Some("b".into())),
+        );
+        let me: Arc<str> = "me".into();
+        let on_a = a.reach(&me, "work", &|_| true).unwrap();
+        assert!(on_a.handle.starts_with("s_a_"), "{on_a:?}");
+        assert_eq!(a.reach(&me, &on_a.handle, &|_| true).unwrap(), on_a);
+        assert_eq!(
+            b.reach(&me, &on_a.handle, &|_| true),
+            Err(Unreachable::OtherReplica("a".into()))
+        );
+        // One minted by a server that is no replica is unknown to a replica.
+        let plain = Handles::new(None).reach(&me, "work", &|_| true).unwrap();
+        assert_eq!(
+            a.reach(&me, &plain.handle, &|_| true),
+            Err(Unreachable::UnknownHandle)
         );
     }
 }

@@ -31,13 +31,15 @@ const POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const OUTPUT_META: &str = "nix-sandbox-mcp/job";
 
 /// Why a task id reaches no job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unknown {
     /// Never issued to this caller (forged, another caller's, or from
     /// before a restart).
     NotIssued,
     /// Its job was forgotten (finished jobs are kept for a while).
     Forgotten,
+    /// Another replica's, which holds it.
+    OtherReplica(String),
 }
 
 struct Entry {
@@ -49,7 +51,12 @@ struct Entry {
 #[derive(Default)]
 pub struct Tasks {
     ids: Mutex<HashMap<String, Entry>>,
+    /// This server's name among replicas, put in the ids it mints.
+    replica: Option<String>,
 }
+
+/// What task ids start with.
+const PREFIX: &str = "t_";
 
 impl std::fmt::Debug for Tasks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,12 +69,17 @@ fn rfc3339(t: SystemTime) -> String {
 }
 
 impl Tasks {
+    /// Tasks whose ids name `replica` (none: a server that is no replica).
+    pub fn new(replica: Option<String>) -> Tasks {
+        Tasks {
+            ids: Mutex::default(),
+            replica,
+        }
+    }
+
     /// A task for `job`, started by `principal`: its handle.
     pub fn issue(&self, principal: &Arc<str>, job: &Job, jobs: &Jobs) -> Option<CreateTaskResult> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).ok()?;
-        let id: String =
-            "t_".to_string() + &bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let id = super::ids::mint(PREFIX, self.replica.as_deref())?;
         let created = SystemTime::now();
         let mut ids = self.ids.lock().recover();
         // Tasks of forgotten jobs go with them.
@@ -96,6 +108,11 @@ impl Tasks {
         task_id: &str,
         jobs: &Jobs,
     ) -> Result<(Arc<Job>, SystemTime), Unknown> {
+        if let Some(Some(other)) = super::ids::replica_of(PREFIX, task_id)
+            && Some(other) != self.replica.as_deref()
+        {
+            return Err(Unknown::OtherReplica(other.to_string()));
+        }
         let ids = self.ids.lock().recover();
         let entry = ids
             .get(task_id)
@@ -184,7 +201,7 @@ mod tests {
                 &shutdown,
             )
             .unwrap();
-        let tasks = Tasks::default();
+        let tasks = Tasks::new(None);
         let (me, them): (Arc<str>, Arc<str>) = ("me".into(), "them".into());
         let handle = tasks.issue(&me, &job, &jobs).unwrap();
         let id = &handle.task.task_id;
@@ -194,6 +211,30 @@ mod tests {
         assert_eq!(
             tasks.job(&me, "t_0000", &jobs).err(),
             Some(Unknown::NotIssued)
+        );
+    }
+
+    #[test]
+    fn another_replicas_task_is_said_to_be_held_by_it() {
+        let jobs = jobs();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let me: Arc<str> = "me".into();
+        let (job, _cancel) = jobs
+            .create(
+                &me,
+                None,
+                "bash",
+                crate::limits::Limits::resolve(Default::default()),
+                &shutdown,
+            )
+            .unwrap();
+        let (a, b) = (Tasks::new(Some("a".into())), Tasks::new(Some("b".into())));
+        let id = a.issue(&me, &job, &jobs).unwrap().task.task_id;
+        assert!(id.starts_with("t_a_"), "{id}");
+        assert!(a.job(&me, &id, &jobs).is_ok());
+        assert_eq!(
+            b.job(&me, &id, &jobs).err(),
+            Some(Unknown::OtherReplica("a".into()))
         );
     }
 }

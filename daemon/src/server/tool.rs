@@ -37,14 +37,19 @@ pub fn run_tool(
         "properties": {
             "code": {"type": "string"},
             "env": {"type": "string", "enum": names},
-            "background": {"type": "boolean", "description": "Return a job id at once"}
+            "background": {"type": "boolean", "description": "Start as a job"}
         },
         "required": ["code", "env"]
     });
     let sessions = has_sessions(envs);
     if sessions {
-        input["properties"]["session"] =
-            json!({"type": "string", "description": "Keep state across calls under this name"});
+        // Mirrored in the Mcp-Param-Session header (2026-07-28), by which a
+        // load balancer routes a session's calls to the replica holding it.
+        input["properties"]["session"] = json!({
+            "type": "string",
+            "description": "Keep state across calls",
+            "x-mcp-header": "Session"
+        });
     }
     let any_network = envs.iter().any(|e| e.network.policy().is_some());
     Tool::new(

@@ -136,6 +136,7 @@ pub async fn serve(
         .with_max_request_body_bytes(max_body)
         .with_cancellation_token(streams_stop.clone());
     let shares = shares(&server, settings, auth.required());
+    let server_replica = server.shared.replica.clone();
     let gate = Arc::new(Gate {
         auth,
         allowed: Allowed { hosts, origins },
@@ -168,6 +169,9 @@ pub async fn serve(
         None => format!("{} ({scheme}, path {})", options.address, gate::ENDPOINT),
     };
     eprintln!("nix-sandbox-mcp: listening on {shown}");
+    if let Some(r) = &server_replica {
+        eprintln!("nix-sandbox-mcp: replica {r}");
+    }
     tracing::info!(
         "serving MCP over HTTP on {shown}; credentials: {}",
         match (settings.tokens_file.is_some(), settings.oauth.is_some()) {
@@ -231,6 +235,22 @@ pub async fn serve(
         tracing::debug!("connections still open at shutdown were dropped");
     }
     Ok(why)
+}
+
+/// This server's name among replicas: `[http] replica`, else six hex
+/// digits of the SHA-256 of the host's name and `address` (distinct for
+/// replicas on one host, as they listen on distinct addresses).
+pub fn replica_name(settings: &crate::config::http::HttpSettings, address: &Address) -> String {
+    use sha2::{Digest, Sha256};
+    if let Some(r) = &settings.replica {
+        return r.clone();
+    }
+    let host = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    let digest = Sha256::digest(format!("{host}\0{address}").as_bytes());
+    digest[..3].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Each principal's share of the server. Without credentials there is one
