@@ -138,7 +138,7 @@ if [ "$(id -u)" = 0 ]; then
     grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, $protocol): |" >>"$skip_log" || true
     tier_ran "MCP suite as $user (rlimits), protocol $protocol"
   done
-  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_sessions.py test_http.py test_http_principals.py test_http_oauth.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_sessions.py test_http.py test_http_principals.py test_http_oauth.py test_fleet.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
   grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, http, 2026-07-28): |" >>"$skip_log" || true
   su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_AUTH=oauth NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
   grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, http oauth, 2026-07-28): |" >>"$skip_log" || true

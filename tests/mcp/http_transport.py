@@ -122,9 +122,11 @@ class HttpServer:
     def __init__(self, bin: str, scratch: pathlib.Path, config: str | None = None, env: dict | None = None,
                  cwd: str | None = None, principals: tuple[str, ...] = ("tester",), oauth: bool = False,
                  http_config: str = "", extra_args: tuple[str, ...] = (), address: str | None = None,
-                 tokens_mode: int = 0o600, log: pathlib.Path | None = None) -> None:
+                 tokens_mode: int = 0o600, log: pathlib.Path | None = None, tokens: dict | None = None) -> None:
+        """`tokens`: the principals' tokens, when another server's are to be
+        taken (replicas behind one balancer); else new ones."""
         self.dir = scratch
-        self.tokens = {name: "nsm_" + secrets.token_urlsafe(32) for name in principals}
+        self.tokens = dict(tokens) if tokens else {name: "nsm_" + secrets.token_urlsafe(32) for name in principals}
         self.port = free_port()
         self.resource = f"http://127.0.0.1:{self.port}/mcp"
         table = ""

@@ -23,7 +23,11 @@ def test_a_server_killed_outright_leaves_no_sandbox_process(nest: str):
         def call(rid: int, args: dict) -> None:
             srv.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": "run", "arguments": args}})
 
-        call(1, {"env": "bash", "session": "kept", "code": f"(exec -a {m}-session sleep 300) &"})
+        # The call waits until the background process runs its program: the
+        # session is paused when the call returns, which could catch it
+        # between fork and exec (and so before it has its name).
+        call(1, {"env": "bash", "session": "kept", "code": f"(exec -a {m}-session sleep 300) & "
+                 f"until tr '\\0' ' ' </proc/$!/cmdline | grep -q {m}-session; do sleep 0.01; done"})
         assert srv.recv()["result"]["structuredContent"]["ok"]
         call(2, {"env": "bash", "background": True, "code": f"exec -a {m}-job sleep 300"})
         assert "job" in srv.recv()["result"]["structuredContent"]

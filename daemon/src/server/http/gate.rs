@@ -87,16 +87,21 @@ impl Gate {
             )
             .retry_after(5));
         }
-        self.allowed.check(request.headers())?;
         let path = request.uri().path();
+        // A balancer's probes (HTTP/1.0, no Host, say) learn nothing a page
+        // could use: they come before the Host check.
+        match path {
+            "/healthz" => return Ok(json_response(StatusCode::OK, &json!({"status": "live"}))),
+            "/readyz" => return Ok(self.readiness()),
+            _ => {}
+        }
+        self.allowed.check(request.headers())?;
         if let Some(oauth) = self.auth.oauth()
             && oauth.resource_metadata_paths().iter().any(|p| p == path)
         {
             return Ok(json_response(StatusCode::OK, &oauth.resource_metadata()));
         }
         match path {
-            "/healthz" => return Ok(json_response(StatusCode::OK, &json!({"status": "live"}))),
-            "/readyz" => return Ok(self.readiness()),
             "/metrics" if self.metrics => {
                 self.auth.authenticate(request.headers()).await?;
                 let executor = &self.server().shared.executor;
