@@ -326,8 +326,13 @@ enum Command {
     /// have --grace-seconds to end, then their runs are killed.
     ///
     /// Prints `nix-sandbox-mcp: listening on URL` on standard error once it
-    /// listens (with port 0, the port it was given). docs/http.md has the
-    /// rest: TLS or a reverse proxy, OAuth, scopes, limits.
+    /// listens (with port 0, the port it was given). Also served:
+    /// /healthz and /readyz (a balancer's probes, no credentials), /metrics
+    /// (Prometheus' text format, with credentials where the server needs
+    /// them). Behind a load balancer each replica names itself in the
+    /// handles of its sessions and tasks ([http] replica);
+    /// deploy/haproxy/haproxy.cfg routes by them. docs/http.md has the rest:
+    /// TLS or a reverse proxy, OAuth, scopes, limits, replicas.
     #[command(after_long_help = SERVE_EXAMPLES)]
     Serve {
         /// Where to listen: HOST:PORT (127.0.0.1:8765, [::1]:8765,
