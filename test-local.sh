@@ -98,17 +98,18 @@ for protocol in 2025-11-25 2026-07-28; do
 done
 
 # The same suite over Streamable HTTP (`serve --http`): the files that
-# drive the MCP surface, with bearer tokens in both revisions and with
-# OAuth access tokens of a test issuer. (test_http*.py, which always speak
-# HTTP, ran above.)
-http_files=(test_basic.py test_sessions.py test_commands.py test_project.py test_error_codes.py test_hostile.py
-  test_hostile_project.py test_lifetime.py test_long_runs.py test_load.py)
+# drive the MCP surface (the sandbox's own suites, hostile code, load and
+# lifetime, run above over stdio: the transport changes nothing of them),
+# with bearer tokens in both revisions and with OAuth access tokens of a
+# test issuer. (test_http*.py and test_fleet.py, which always speak HTTP,
+# ran above.)
+http_files=(test_basic.py test_sessions.py test_commands.py test_project.py test_error_codes.py)
 step "MCP client suite over HTTP with bearer tokens, protocol 2026-07-28"
 (cd tests/mcp && NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest "${http_files[@]}")
 step "MCP client suite over HTTP with bearer tokens, protocol 2025-11-25"
-(cd tests/mcp && NSM_TRANSPORT=http NSM_PROTOCOL=2025-11-25 NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest test_basic.py test_sessions.py test_commands.py)
+(cd tests/mcp && NSM_TRANSPORT=http NSM_PROTOCOL=2025-11-25 NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest test_basic.py test_commands.py)
 step "MCP client suite over HTTP with OAuth access tokens, protocol 2026-07-28"
-(cd tests/mcp && NSM_TRANSPORT=http NSM_AUTH=oauth NSM_PROTOCOL=2026-07-28 NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest test_basic.py test_sessions.py)
+(cd tests/mcp && NSM_TRANSPORT=http NSM_AUTH=oauth NSM_PROTOCOL=2026-07-28 NSM_BIN=$bin NSM_MODE=host pytest_run "$venv/bin/python" -m pytest test_basic.py)
 tier_ran "MCP suite over HTTP as $(id -un) (tokens in both revisions, OAuth)"
 
 step "the official MCP conformance suite against serve --http (node 22 from the npm package node@22)"
@@ -138,7 +139,7 @@ if [ "$(id -u)" = 0 ]; then
     grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, $protocol): |" >>"$skip_log" || true
     tier_ran "MCP suite as $user (rlimits), protocol $protocol"
   done
-  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_sessions.py test_http.py test_http_principals.py test_http_oauth.py test_fleet.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_http.py test_http_principals.py test_http_oauth.py test_fleet.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
   grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, http, 2026-07-28): |" >>"$skip_log" || true
   su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_AUTH=oauth NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
   grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, http oauth, 2026-07-28): |" >>"$skip_log" || true

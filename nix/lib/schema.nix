@@ -267,6 +267,9 @@ in
         "inherit_env"
         "grants"
         "params"
+        "oauth"
+        "per_principal"
+        "principals"
       ];
     in
     builtins.filter (n: !(builtins.elem n tableNames)) (util.unique (names json));
