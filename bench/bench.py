@@ -138,6 +138,14 @@ def write_json(a: argparse.Namespace, result: dict) -> None:
             {"tables": [t.to_json() for t in result["tables"]], "metrics": result["metrics"]}))
 
 
+def report(a: argparse.Namespace, result: dict) -> None:
+    """Prints `result`'s title and tables, and writes it where --json says."""
+    print(result["title"])
+    for t in result["tables"]:
+        print(t.text())
+    write_json(a, result)
+
+
 def workdir() -> tuple[str, dict[str, str]]:
     """A scratch directory with an empty project, and the server environment for it."""
     work = tempfile.mkdtemp(prefix="nsm-bench-")

@@ -39,7 +39,7 @@ import subprocess
 import threading
 import time
 
-from bench import Table, parse_args, workdir, write_json
+from bench import Table, parse_args, report, workdir
 from sustained import SANDBOX_MEMORY_MB, Pipelined
 
 PROTOCOL = "2026-07-28"
@@ -212,10 +212,7 @@ def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int) 
 def main() -> None:
     a = parse_args(__doc__, runs=4, seconds=2, idle_connections=1000)
     result = measure(a.bin, [1, 8, 32], a.seconds, a.runs, a.idle_connections)
-    print(result["title"])
-    for t in result["tables"]:
-        print(t.text())
-    write_json(a, result)
+    report(a, result)
 
 
 if __name__ == "__main__":

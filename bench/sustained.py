@@ -50,7 +50,7 @@ import shutil
 import subprocess
 import time
 
-from bench import ROOT, Server, Table, bare_bwrap, workdir, write_json
+from bench import ROOT, Server, Table, bare_bwrap, report, workdir
 
 PROGRAMS = {"bash": (":\n", "/usr/bin/bash"), "python": ("pass\n", "/usr/bin/python3"),
             "node": ("0\n", shutil.which("node") or "/usr/bin/node")}
@@ -190,10 +190,7 @@ def main() -> None:
     if not pathlib.Path(a.bin).exists():
         raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")
     result = measure(a.bin, a.env, [int(k) for k in a.ks.split(",")], a.seconds, a.rounds)
-    print(result["title"])
-    for t in result["tables"]:
-        print(t.text())
-    write_json(a, result)
+    report(a, result)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import shutil
 import statistics
 import subprocess
 
-from bench import Server, Table, parse_args, workdir, write_json
+from bench import Server, Table, parse_args, report, workdir
 
 PYTHON = "/usr/bin/python3"
 
@@ -46,10 +46,7 @@ def measure(binary: str, runs: int, calls: int) -> dict:
 def main() -> None:
     a = parse_args(__doc__, runs=9, calls=200_000)
     result = measure(a.bin, a.runs, a.calls)
-    print(result["title"])
-    for t in result["tables"]:
-        print(t.text())
-    write_json(a, result)
+    report(a, result)
 
 
 if __name__ == "__main__":
