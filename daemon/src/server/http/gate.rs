@@ -50,7 +50,7 @@ pub struct Gate {
 /// taken on its first authenticated request.
 #[derive(Default)]
 pub struct Connection {
-    held: std::sync::Mutex<Option<(Arc<str>, Taken)>>,
+    held: std::sync::Mutex<Option<Taken>>,
 }
 
 impl Gate {
@@ -202,7 +202,7 @@ impl Gate {
             )
             .retry_after(1)
         })?;
-        *held = Some((principal.name.clone(), taken));
+        *held = Some(taken);
         Ok(())
     }
 
