@@ -122,12 +122,16 @@ class HttpServer:
     def __init__(self, bin: str, scratch: pathlib.Path, config: str | None = None, env: dict | None = None,
                  cwd: str | None = None, principals: tuple[str, ...] = ("tester",), oauth: bool = False,
                  http_config: str = "", extra_args: tuple[str, ...] = (), address: str | None = None,
-                 tokens_mode: int = 0o600, log: pathlib.Path | None = None, tokens: dict | None = None) -> None:
+                 tokens_mode: int = 0o600, log: pathlib.Path | None = None, tokens: dict | None = None,
+                 sockets: tuple[Any, ...] = ()) -> None:
         """`tokens`: the principals' tokens, when another server's are to be
-        taken (replicas behind one balancer); else new ones."""
+        taken (replicas behind one balancer); else new ones. `sockets`: passed
+        as systemd passes a socket unit's (fd 3 on, LISTEN_FDS, LISTEN_PID),
+        to `--http systemd`."""
         self.dir = scratch
         self.tokens = dict(tokens) if tokens else {name: "nsm_" + secrets.token_urlsafe(32) for name in principals}
-        self.port = free_port()
+        inet = [s for s in sockets if getattr(s, "family", None) in (socket.AF_INET, socket.AF_INET6)]
+        self.port = inet[0].getsockname()[1] if inet else free_port()
         self.resource = f"http://127.0.0.1:{self.port}/mcp"
         table = ""
         if principals:
@@ -148,8 +152,11 @@ class HttpServer:
         self.log = log or self.dir / "server.log"
         self.address = address or f"127.0.0.1:{self.port}"
         args = [bin, "--config", str(cfg), "serve", "--http", self.address, *extra_args]
+        fds = tuple(s.fileno() for s in sockets)
+        if sockets:
+            args = [*systemd_activation(fds), *args]
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(args, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, pass_fds=fds,
                                          stdout=subprocess.DEVNULL, stderr=log, start_new_session=False)
         self.url = self.resource
         deadline = time.time() + 90
@@ -179,6 +186,26 @@ class HttpServer:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def systemd_activation(fds: tuple[int, ...]) -> list[str]:
+    """A command prefix that passes open descriptors `fds` to the command as
+    systemd passes a socket unit's: at 3, 4, …, with LISTEN_FDS and the
+    command's own pid in LISTEN_PID."""
+    import sys
+    script = (
+        "import os, sys\n"
+        "fds = [int(f) for f in sys.argv[1].split(',')]\n"
+        "moved = [os.dup(f) for f in fds]\n"
+        "for i, f in enumerate(moved):\n"
+        "    os.dup2(f, 3 + i)\n"
+        "    os.set_inheritable(3 + i, True)\n"
+        "for f in set(fds + moved) - set(range(3, 3 + len(fds))):\n"
+        "    os.close(f)\n"
+        "os.environ.update(LISTEN_FDS=str(len(fds)), LISTEN_PID=str(os.getpid()))\n"
+        "os.execv(sys.argv[2], sys.argv[2:])\n"
+    )
+    return [sys.executable, "-c", script, ",".join(map(str, fds))]
 
 
 @contextlib.asynccontextmanager

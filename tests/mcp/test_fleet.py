@@ -3,7 +3,8 @@ with deploy/haproxy/haproxy.cfg exactly, in front of two `serve --http`
 replicas on loopback. Plain calls spread over both; a session's calls and a
 task's polls reach the replica holding them; a replica killed mid-load
 leaves nothing behind, its sessions answer session_expired from the other,
-whose calls keep working; restarted, it takes calls again."""
+whose calls keep working; restarted, it takes calls again. A confirmation's
+retry reaches the replica that asked."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from typing import Any
 import anyio
 import pytest
 
-from harness import BIN, PROTOCOL, ROOT, call, dump, legacy_only, processes_with, run_async, stateless_only, start
+from harness import (BIN, PROTOCOL, ROOT, call, dump, legacy_only, processes_with, run_async, stateless_only, start,
+                     write_config)
 from http_transport import HttpServer, client, free_port
 from test_http import env, eventually, scratch
 
@@ -34,8 +36,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists(HAPROXY), reason="haproxy is 
 class Fleet:
     """Replicas a and b, and haproxy in front of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: str | None = None) -> None:
         self.dir = scratch()
+        self.config = config
         self.ports = {"a": free_port(), "b": free_port()}
         self.replicas: dict[str, HttpServer] = {}
         for name in self.ports:
@@ -54,7 +57,7 @@ class Fleet:
         # One token for every replica: the principal is the same wherever
         # the balancer sends a call.
         self.replicas[name] = HttpServer(
-            BIN, scratch(), env=env(), principals=("tester",), tokens=getattr(self, "tokens", None),
+            BIN, scratch(), config=self.config, env=env(), principals=("tester",), tokens=getattr(self, "tokens", None),
             http_config=f'replica = "{name}"\n{SHARES}', address=f"127.0.0.1:{self.ports[name]}")
         self.tokens = self.replicas[name].tokens
 
@@ -119,8 +122,8 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def fleet():
-    f = Fleet()
+def fleet(config: str | None = None):
+    f = Fleet(config)
     try:
         yield f
     finally:
@@ -192,6 +195,52 @@ def test_a_task_is_polled_through_the_balancer():
             assert time.monotonic() < deadline, got
             time.sleep(0.2)
         assert "polled" in json.dumps(got["result"]["result"]), got
+
+
+@stateless_only()
+def test_a_confirmations_retry_reaches_the_replica_that_asked_and_no_other_runs_it():
+    from mcp import types
+    config = write_config(
+        '[commands.deploy]\ndescription = "Deploy a branch"\nenv = "bash"\n'
+        'argv = ["echo", "deploying", "{{branch}}"]\ndanger = "high"\nconfirm = true\n'
+        '[commands.deploy.params.branch]\ntype = "string"\nrequired = true\n')
+    args = {"branch": "main"}
+    yes = {"confirm": {"action": "accept", "content": {"approve": True}}}
+
+    async def never(*_: Any) -> Any:
+        raise AssertionError("the server must not ask the client anything under 2026-07-28")
+
+    with fleet(config) as f:
+        async def t():
+            callbacks = {"elicitation_callback": never}
+            async with client(f.url, f.token(), callbacks=callbacks) as c:
+                await start(c, over_http=True)
+                holders = set()
+                # Round robin sends each retry to the other replica unless
+                # the balancer routes it by the state.
+                for _ in range(4):
+                    first = await c.call_tool("deploy", args, allow_input_required=True)
+                    assert isinstance(first, types.InputRequiredResult), first
+                    holder, _, sealed = first.request_state.partition("~")
+                    assert holder in ("a", "b") and sealed.startswith("rs1."), first.request_state
+                    holders.add(holder)
+                    done = await c.call_tool("deploy", args, input_responses=yes, request_state=first.request_state,
+                                             allow_input_required=True)
+                    assert not done.is_error and done.structured_content["stdout"] == "deploying main\n", done
+                assert holders == {"a", "b"}, holders
+                first = await c.call_tool("deploy", args, allow_input_required=True)
+                holder = first.request_state.partition("~")[0]
+                other = "b" if holder == "a" else "a"
+            # Sent straight to the other replica, the retry runs nothing there.
+            async with client(f"http://127.0.0.1:{f.ports[other]}/mcp", f.token(), callbacks=callbacks) as c:
+                await start(c, over_http=True)
+                res = await c.call_tool("deploy", args, input_responses=yes, request_state=first.request_state,
+                                        allow_input_required=True)
+                sc = res.structured_content or {}
+                assert res.is_error and sc["error"]["code"] == "confirmation_invalid", dump(sc)
+                assert f"issued by replica {holder}" in sc["error"]["message"], dump(sc)
+                assert "nothing ran" in sc["error"]["message"] and "stdout" not in sc, dump(sc)
+        run_async(t)
 
 
 @stateless_only()

@@ -351,6 +351,81 @@ def test_a_unix_socket_is_its_owners_alone():
     assert not path.exists(), "the socket is removed when the server stops"
 
 
+def listening(family: int = socket.AF_INET, path: pathlib.Path | None = None,
+              kind: int = socket.SOCK_STREAM) -> socket.socket:
+    """A socket as a systemd socket unit makes one: bound, and listening
+    when it is a stream."""
+    sock = socket.socket(family, kind)
+    sock.bind(str(path) if path else ("127.0.0.1", 0))
+    if kind == socket.SOCK_STREAM:
+        sock.listen(64)
+    return sock
+
+
+def holders_of(sock: socket.socket, pid: int) -> list[int]:
+    """The processes in `pid`'s tree, other than `pid`, that hold `sock` open."""
+    target = f"socket:[{os.fstat(sock.fileno()).st_ino}]"
+    tree, found = [pid], []
+    while tree:
+        p = tree.pop()
+        with contextlib.suppress(OSError):
+            for t in os.listdir(f"/proc/{p}/task"):
+                tree += [int(c) for c in pathlib.Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+        if p == pid:
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{p}/fd/{f}") == target for f in os.listdir(f"/proc/{p}/fd")):
+                found.append(p)
+    return found
+
+
+def test_systemd_socket_activation_serves_on_the_socket_it_passes_and_keeps_it_from_sandboxes():
+    tcp = listening()
+    with server(address="systemd", sockets=(tcp,)) as s:
+        assert f"listening on http://127.0.0.1:{s.port}/mcp" in s.log_tail()
+        seen: list = []
+
+        async def t():
+            async with client(s.url, s.token()) as c:
+                await start(c, over_http=True)
+                # A session keeps its sandbox running while the tree is read.
+                sc = await run_ok(c, "for f in /proc/self/fd/*; do readlink $f; done; echo ok", session="open")
+                assert sc["stdout"].endswith("ok\n") and "socket:" not in sc["stdout"], sc
+                seen.extend(holders_of(tcp, s.proc.pid))
+                await run_ok(c, "true", session=sc["session"]["handle"])
+        run_async(t)
+        assert seen == [], f"processes the server started hold its listening socket: {seen}"
+    tcp.close()
+
+    d = scratch()
+    path = d / "mcp.sock"
+    unix = listening(socket.AF_UNIX, path)
+    with server(principals=(), address="systemd", sockets=(unix,)) as s:
+        assert f"listening on unix:{path}" in s.log_tail(), s.log_tail()
+    assert path.exists(), "the socket systemd made is systemd's: the server leaves it"
+    unix.close()
+
+
+def test_systemd_activation_without_one_listening_stream_socket_is_refused_with_the_reason():
+    def refused_start(sockets: tuple, words: str) -> None:
+        with pytest.raises(RuntimeError, match="exited 2") as e:
+            HttpServer(BIN, scratch(), env=env(), address="systemd", sockets=sockets)
+        assert words in str(e.value), str(e.value)
+
+    refused_start((), "no socket was passed")
+    a, b = listening(), listening()
+    refused_start((a, b), "systemd passed 2 sockets")
+    udp = listening(kind=socket.SOCK_DGRAM)
+    refused_start((udp,), "not a listening stream socket")
+    bound = socket.socket()
+    bound.bind(("127.0.0.1", 0))
+    refused_start((bound,), "not a listening stream socket")
+    with open(os.devnull) as not_a_socket:
+        refused_start((not_a_socket,), "the socket passed is not usable")
+    for sock in (a, b, udp, bound):
+        sock.close()
+
+
 # --- Stopping -----------------------------------------------------------------
 
 def test_stopping_lets_calls_finish_within_the_grace_then_kills_their_runs():
@@ -428,9 +503,13 @@ def test_health_readiness_and_metrics():
 
 def test_a_replicas_sessions_and_tasks_are_held_by_it_and_said_so_elsewhere():
     a = HttpServer(BIN, scratch(), env=env(), http_config='replica = "a"\n')
-    b = HttpServer(BIN, scratch(), env=env(), http_config='replica = "b"\n')
+    # --replica names instances of one service that share a configuration.
+    b = HttpServer(BIN, scratch(), env=env(), http_config='replica = "a"\n', extra_args=("--replica", "b"))
     try:
-        assert "replica a" in a.log_tail()
+        assert "replica a" in a.log_tail() and "replica b" in b.log_tail()
+        with pytest.raises(RuntimeError, match="exited 2") as e:
+            HttpServer(BIN, scratch(), env=env(), extra_args=("--replica", "B_1"))
+        assert "a replica's name is 1 to 16 lower-case letters and digits" in str(e.value)
 
         async def t():
             async with client(a.url, a.token()) as ca, client(b.url, b.token()) as cb:

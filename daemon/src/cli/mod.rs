@@ -330,16 +330,18 @@ enum Command {
     /// /healthz and /readyz (a balancer's probes, no credentials), /metrics
     /// (Prometheus' text format, with credentials where the server needs
     /// them). Behind a load balancer each replica names itself in the
-    /// handles of its sessions and tasks ([http] replica);
+    /// handles of its sessions and tasks (--replica or [http] replica);
     /// deploy/haproxy/haproxy.cfg routes by them. docs/http.md has the rest:
-    /// TLS or a reverse proxy, OAuth, scopes, limits, replicas.
+    /// TLS or a reverse proxy, OAuth, scopes, limits, replicas;
+    /// docs/scaling.md: systemd units, shared builds, Kubernetes.
     #[command(after_long_help = SERVE_EXAMPLES)]
     Serve {
         /// Where to listen: HOST:PORT (127.0.0.1:8765, [::1]:8765,
-        /// localhost:8765, 0.0.0.0:8765) or unix:PATH (a socket only its
-        /// owner may use)
+        /// localhost:8765, 0.0.0.0:8765), unix:PATH (a socket only its
+        /// owner may use), or systemd: the one socket a systemd socket unit
+        /// passes (socket activation; LISTEN_FDS)
         #[arg(long, value_name = "ADDR")]
-        http: http::Address,
+        http: http::Listen,
         /// Serve TLS with this PEM certificate chain (with --tls-key)
         #[arg(long, value_name = "PEM", requires = "tls_key")]
         tls_cert: Option<PathBuf>,
@@ -350,6 +352,11 @@ enum Command {
         /// before their runs are killed
         #[arg(long, value_name = "SECONDS", default_value_t = 10)]
         grace_seconds: u64,
+        /// This server's name among replicas behind one load balancer (1 to
+        /// 16 lower-case letters and digits), instead of [http] replica:
+        /// for instances of one service that share a configuration file
+        #[arg(long, value_name = "NAME", value_parser = replica_name)]
+        replica: Option<String>,
     },
     /// Manage the bearer tokens of `serve --http`
     #[command(subcommand)]
@@ -387,6 +394,7 @@ EXAMPLES
     nix-sandbox-mcp serve --http 127.0.0.1:8765
     nix-sandbox-mcp serve --http 0.0.0.0:8443 --tls-cert cert.pem --tls-key key.pem
     nix-sandbox-mcp serve --http unix:/run/nix-sandbox-mcp/mcp.sock
+    nix-sandbox-mcp serve --http systemd --replica r1    # from a socket unit
     claude mcp add --transport http sandbox https://sandbox.example.com:8443/mcp \\
         --header \"Authorization: Bearer $TOKEN\"";
 
@@ -505,11 +513,24 @@ async fn dispatch(cli: Cli) -> ExitCode {
             tls_cert,
             tls_key,
             grace_seconds,
+            replica,
         }) => {
+            let (address, socket) = match http {
+                http::Listen::At(address) => (address, None),
+                http::Listen::Systemd => match http::activation::take() {
+                    Ok(inherited) => (inherited.address, Some(inherited.socket)),
+                    Err(e) => {
+                        eprintln!("nix-sandbox-mcp: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+            };
             let options = http::HttpOptions {
-                address: http,
+                address,
+                socket,
                 tls: tls_cert.zip(tls_key),
                 grace: std::time::Duration::from_secs(grace_seconds),
+                replica,
             };
             serve::serve_http(
                 &StartOptions {
@@ -553,6 +574,10 @@ async fn dispatch(cli: Cli) -> ExitCode {
 }
 
 /// `token add`: a new token for `name`, printed once.
+fn replica_name(name: &str) -> Result<String, String> {
+    crate::server::check_replica(name).map(|()| name.to_string())
+}
+
 fn token_add(config: Option<&std::path::Path>, name: &str, file: Option<PathBuf>) -> ExitCode {
     let path = match file {
         Some(f) => f,

@@ -56,12 +56,12 @@ struct Running {
 impl Running {
     /// Starts the server (`transport` names it in the log); `Err` is the
     /// exit status when it could not start or a signal came first.
-    /// `address`: where it serves over HTTP, which names it among replicas.
+    /// `http`: how it serves over HTTP, which names it among replicas.
     async fn start(
         opts: &StartOptions,
         signals: &mut Signals,
         transport: &str,
-        address: Option<&crate::server::http::Address>,
+        http: Option<&HttpOptions>,
     ) -> Result<Running, ExitCode> {
         let app = tokio::select! {
             started = app::start(opts) => started.map_err(fail)?,
@@ -119,7 +119,7 @@ impl Running {
             shutdown: shutdown.clone(),
             audit,
             metrics: Arc::default(),
-            replica: address.map(|a| crate::server::http::replica_name(&config.http, a)),
+            replica: http.map(|h| crate::server::http::replica_name(&config.http, h)),
             jobs,
             sessions: sessions.clone(),
             projects,
@@ -201,7 +201,7 @@ pub(super) async fn serve_stdio(opts: &StartOptions) -> ExitCode {
 /// flight have the grace time, then their runs are killed).
 pub(super) async fn serve_http(opts: &StartOptions, options: HttpOptions) -> ExitCode {
     let mut signals = Signals::listen();
-    let running = match Running::start(opts, &mut signals, "HTTP", Some(&options.address)).await {
+    let running = match Running::start(opts, &mut signals, "HTTP", Some(&options)).await {
         Ok(r) => r,
         Err(status) => return status,
     };

@@ -7,7 +7,10 @@
 //! a nonce. It is accepted once: its nonce is remembered until it expires.
 //! What a refused state was (altered, expired, another principal's, another
 //! invocation's, already used) is told apart, checked only once the seal
-//! holds.
+//! holds. A replica's states begin with its name and `~` (`a~rs1.…`), so
+//! that a load balancer can route the retry back to it (see
+//! deploy/haproxy/haproxy.cfg); another replica refuses such a state,
+//! saying which replica holds it, and runs nothing.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -36,8 +39,10 @@ struct Contents {
 }
 
 /// Why a presented state was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refused {
+    /// Issued by the replica named, not this one.
+    HeldBy(String),
     /// Not sealed by this server as it runs now: altered, made up, from
     /// another server, or from before a restart.
     NotOurs,
@@ -52,8 +57,13 @@ pub enum Refused {
 
 impl Refused {
     /// Says what the state was, for the error a model reads.
-    pub fn describe(self) -> &'static str {
+    pub fn describe(&self) -> String {
         match self {
+            Refused::HeldBy(replica) => {
+                return format!(
+                    "the requestState was issued by replica {replica}, not this one; the load balancer must send the retry to the replica that asked"
+                );
+            }
             Refused::NotOurs => {
                 "the requestState was not issued by this server as it runs now (altered, made up, or from before a restart)"
             }
@@ -64,6 +74,7 @@ impl Refused {
             }
             Refused::Used => "the requestState was already used",
         }
+        .to_string()
     }
 }
 
@@ -76,7 +87,12 @@ const REMEMBER: Duration = super::confirm::ASK_TIMEOUT;
 pub struct SealedStates {
     codec: RequestStateCodec,
     used: Mutex<HashMap<[u8; 16], Instant>>,
+    /// This server's name among replicas, which begins its states.
+    replica: Option<String>,
 }
+
+/// Between a replica's name and the sealed state.
+const REPLICA_END: char = '~';
 
 impl std::fmt::Debug for SealedStates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -85,8 +101,9 @@ impl std::fmt::Debug for SealedStates {
 }
 
 impl SealedStates {
-    /// A fresh key from the operating system.
-    pub fn new() -> Result<SealedStates, getrandom::Error> {
+    /// A fresh key from the operating system; `replica`: this server's
+    /// name among replicas, if it is one.
+    pub fn new(replica: Option<String>) -> Result<SealedStates, getrandom::Error> {
         let mut key = [0u8; 32];
         getrandom::fill(&mut key)?;
         let codec = RequestStateCodec::try_new(key.to_vec())
@@ -94,6 +111,7 @@ impl SealedStates {
         Ok(SealedStates {
             codec,
             used: Mutex::default(),
+            replica,
         })
     }
 
@@ -112,10 +130,14 @@ impl SealedStates {
             invocation: hex(invocation),
             nonce: hex(&nonce),
         };
-        Ok(self
+        let sealed = self
             .codec
             .seal_json_with(&contents, &SealOptions::new().ttl(ttl.min(REMEMBER)))
-            .expect("the contents serialize"))
+            .expect("the contents serialize");
+        Ok(match &self.replica {
+            Some(replica) => format!("{replica}{REPLICA_END}{sealed}"),
+            None => sealed,
+        })
     }
 
     /// Accepts `sealed` for `invocation` asked by `principal`, once.
@@ -125,6 +147,13 @@ impl SealedStates {
         principal: &str,
         invocation: &[u8; 32],
     ) -> Result<(), Refused> {
+        let sealed = match (sealed.split_once(REPLICA_END), &self.replica) {
+            (Some((name, rest)), Some(ours)) if name == ours => rest,
+            (Some((name, _)), _) if crate::server::check_replica(name).is_ok() => {
+                return Err(Refused::HeldBy(name.to_string()));
+            }
+            _ => sealed,
+        };
         let contents: Contents = self
             .codec
             .open_json_with(sealed, &[])
@@ -190,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_state_is_accepted_once_for_its_principal_and_invocation() {
-        let states = SealedStates::new().unwrap();
+        let states = SealedStates::new(None).unwrap();
         let s = states.seal(ME, &INV, MINUTE).unwrap();
         assert_eq!(
             states.open(&s, "stdio:b", &INV),
@@ -205,8 +234,28 @@ mod tests {
     }
 
     #[test]
+    fn a_replicas_state_names_it_and_only_it_accepts_the_state() {
+        let a = SealedStates::new(Some("a".into())).unwrap();
+        let b = SealedStates::new(Some("b".into())).unwrap();
+        let alone = SealedStates::new(None).unwrap();
+        let s = a.seal(ME, &INV, MINUTE).unwrap();
+        assert!(s.starts_with("a~rs1."), "{s}");
+        let held = Err(Refused::HeldBy("a".into()));
+        assert_eq!(b.open(&s, ME, &INV), held);
+        assert_eq!(alone.open(&s, ME, &INV), held);
+        assert!(held.unwrap_err().describe().contains("issued by replica a"));
+        assert_eq!(a.open(&s, ME, &INV), Ok(()));
+        // Without its name, or under a name that is no replica's, only the
+        // key that sealed it opens it.
+        let bare = s.strip_prefix("a~").unwrap();
+        assert_eq!(b.open(bare, ME, &INV), Err(Refused::NotOurs));
+        assert_eq!(b.open(&format!("A B~{bare}"), ME, &INV), Err(Refused::NotOurs));
+        assert_eq!(a.open(bare, ME, &INV), Err(Refused::Used));
+    }
+
+    #[test]
     fn an_altered_or_foreign_state_is_not_ours() {
-        let states = SealedStates::new().unwrap();
+        let states = SealedStates::new(None).unwrap();
         let s = states.seal(ME, &INV, MINUTE).unwrap();
         // Every character changed in turn, and the state cut short.
         for i in 0..s.len() {
@@ -226,14 +275,14 @@ mod tests {
             Err(Refused::NotOurs)
         );
         assert_eq!(states.open("", ME, &INV), Err(Refused::NotOurs));
-        let other_server = SealedStates::new().unwrap();
+        let other_server = SealedStates::new(None).unwrap();
         assert_eq!(other_server.open(&s, ME, &INV), Err(Refused::NotOurs));
         assert_eq!(states.open(&s, ME, &INV), Ok(()));
     }
 
     #[test]
     fn a_state_expires() {
-        let states = SealedStates::new().unwrap();
+        let states = SealedStates::new(None).unwrap();
         let s = states.seal(ME, &INV, Duration::from_millis(20)).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(states.open(&s, ME, &INV), Err(Refused::Expired));
@@ -241,7 +290,7 @@ mod tests {
 
     #[test]
     fn the_state_shows_no_principal_or_arguments() {
-        let states = SealedStates::new().unwrap();
+        let states = SealedStates::new(None).unwrap();
         let s = states.seal("stdio:secret-principal", &INV, MINUTE).unwrap();
         assert!(!s.contains("secret-principal"), "{s}");
     }

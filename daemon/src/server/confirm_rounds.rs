@@ -50,7 +50,7 @@ impl SandboxServer {
         let can_ask = confirm::client_can_ask(context.client_capabilities().as_ref());
         let Some(sealed) = self.sealed.as_ref().filter(|_| can_ask) else {
             if retry.request_state.is_some() {
-                return result::error_result(&refusal(offered, Refused::NotOurs)).into();
+                return result::error_result(&refusal(offered, &Refused::NotOurs)).into();
             }
             return self
                 .issue_token(commands, offered, args, inv, digest)
@@ -60,7 +60,7 @@ impl SandboxServer {
             return self.ask_in_result(commands, offered, inv);
         };
         if let Err(refused) = sealed.open(state, &self.principal, &digest) {
-            let e = refusal(offered, refused);
+            let e = refusal(offered, &refused);
             let event = if refused == Refused::Expired {
                 "expired"
             } else {
@@ -146,7 +146,7 @@ impl SandboxServer {
 }
 
 /// The error for a state that was refused: what it was, and that nothing ran.
-fn refusal(offered: &Offered, refused: Refused) -> ToolError {
+fn refusal(offered: &Offered, refused: &Refused) -> ToolError {
     let code = match refused {
         Refused::Expired => ErrorCode::ConfirmationExpired,
         _ => ErrorCode::ConfirmationInvalid,

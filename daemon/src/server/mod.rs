@@ -182,8 +182,8 @@ impl SandboxServer {
             remote: false,
             quota: None,
             handles: Arc::new(session_handles::Handles::new(replica.clone())),
-            tasks: Arc::new(tasks::Tasks::new(replica)),
-            sealed: SealedStates::new()
+            tasks: Arc::new(tasks::Tasks::new(replica.clone())),
+            sealed: SealedStates::new(replica)
                 .inspect_err(|e| {
                     tracing::warn!("no key for confirmation states ({e}); confirmation under 2026-07-28 uses tokens")
                 })

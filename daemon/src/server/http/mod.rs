@@ -4,7 +4,8 @@
 //! `Mcp-Session-Id` and SSE), with hyper serving the connections.
 //!
 //! - `address.rs`: where it listens (TCP, a Unix socket) and whether only
-//!   this machine can reach that.
+//!   this machine can reach that; `activation.rs`: the socket systemd
+//!   passes instead (socket activation).
 //! - `tls.rs`: rustls, with `--tls-cert`/`--tls-key`.
 //! - `gate.rs`: one request, from arrival to the principal's service.
 //! - `hosts.rs`: `Host` and `Origin` (DNS rebinding).
@@ -23,6 +24,7 @@
 //! (size, time), connections (all, and each principal's), each principal's
 //! streams and MCP sessions, and principals.
 
+pub mod activation;
 mod address;
 mod auth;
 mod gate;
@@ -44,6 +46,7 @@ use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
+pub use activation::Listen;
 pub use address::Address;
 use auth::Auth;
 use gate::{Connection, Gate};
@@ -55,14 +58,19 @@ use super::SandboxServer;
 use crate::config::Config;
 
 /// How `serve --http` was asked to serve.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct HttpOptions {
     pub address: Address,
+    /// The listening socket systemd passed (`--http systemd`), which
+    /// listens at `address`; without it the server binds `address`.
+    pub socket: Option<std::os::fd::OwnedFd>,
     /// A PEM certificate chain and its key.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// How long calls in flight may go on once the server is told to stop,
     /// before their runs are killed.
     pub grace: Duration,
+    /// `--replica`: this server's name among replicas, over [http] replica.
+    pub replica: Option<String>,
 }
 
 /// Why the server could not start serving.
@@ -157,7 +165,7 @@ pub async fn serve(
         header_bytes: n(settings.max_header_bytes, 16 * 1024).max(8192),
         headers: n(settings.max_headers, 64),
     };
-    let listener = Listener::bind(&options.address)
+    let listener = Listener::open(&options.address, options.socket)
         .await
         .map_err(|source| HttpError::Listen {
             address: options.address.clone(),
@@ -237,14 +245,16 @@ pub async fn serve(
     Ok(why)
 }
 
-/// This server's name among replicas: `[http] replica`, else six hex
-/// digits of the SHA-256 of the host's name and `address` (distinct for
-/// replicas on one host, as they listen on distinct addresses).
-pub fn replica_name(settings: &crate::config::http::HttpSettings, address: &Address) -> String {
+/// This server's name among replicas: `--replica`, `[http] replica`, else
+/// six hex digits of the SHA-256 of the host's name and the address
+/// (distinct for replicas on one host, as they listen on distinct
+/// addresses).
+pub fn replica_name(settings: &crate::config::http::HttpSettings, options: &HttpOptions) -> String {
     use sha2::{Digest, Sha256};
-    if let Some(r) = &settings.replica {
+    if let Some(r) = options.replica.as_ref().or(settings.replica.as_ref()) {
         return r.clone();
     }
+    let address = &options.address;
     let host = rustix::system::uname()
         .nodename()
         .to_string_lossy()
@@ -359,7 +369,8 @@ async fn reload_on_hangup(gate: Arc<Gate>) {
 /// A bound socket, TCP or Unix.
 enum Listener {
     Tcp(tokio::net::TcpListener),
-    Unix(tokio::net::UnixListener, PathBuf),
+    /// The path is removed when the server stops, unless systemd made it.
+    Unix(tokio::net::UnixListener, Option<PathBuf>),
 }
 
 type Stream = Box<dyn Io>;
@@ -367,7 +378,25 @@ trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 impl Listener {
-    async fn bind(address: &Address) -> std::io::Result<Listener> {
+    /// systemd's socket when it passed one, else `address` bound.
+    async fn open(
+        address: &Address,
+        socket: Option<std::os::fd::OwnedFd>,
+    ) -> std::io::Result<Listener> {
+        if let Some(socket) = socket {
+            return match address {
+                Address::Tcp(_) => {
+                    let l = std::net::TcpListener::from(socket);
+                    l.set_nonblocking(true)?;
+                    Ok(Listener::Tcp(tokio::net::TcpListener::from_std(l)?))
+                }
+                Address::Unix(_) => {
+                    let l = std::os::unix::net::UnixListener::from(socket);
+                    l.set_nonblocking(true)?;
+                    Ok(Listener::Unix(tokio::net::UnixListener::from_std(l)?, None))
+                }
+            };
+        }
         match address {
             Address::Tcp(a) => Ok(Listener::Tcp(tokio::net::TcpListener::bind(a).await?)),
             Address::Unix(path) => {
@@ -392,7 +421,7 @@ impl Listener {
                 let listener = tokio::net::UnixListener::bind(path)?;
                 // Who may connect is who may use the socket: its owner.
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-                Ok(Listener::Unix(listener, path.clone()))
+                Ok(Listener::Unix(listener, Some(path.clone())))
             }
         }
     }
@@ -418,7 +447,7 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
+        if let Listener::Unix(_, Some(path)) = self {
             let _ = std::fs::remove_file(path);
         }
     }
