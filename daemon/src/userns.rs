@@ -217,6 +217,12 @@ impl Host {
     /// message `stderr`: the first obstacle's, else a container's, else
     /// the general word.
     pub fn fix_for(&self, stderr: &str) -> String {
+        // bubblewrap names the sandbox's hostname in the UTS namespace it
+        // made; only a seccomp filter refuses that (systemd's
+        // ProtectHostname= installs one that every child inherits).
+        if stderr.contains("Can't set hostname") {
+            return "a seccomp filter this process runs under refuses sethostname(), which bubblewrap calls in every sandbox's own UTS namespace; for a systemd service, remove ProtectHostname= (its filter is inherited by every sandbox; docs/nix.md lists the options a service cannot use)".to_string();
+        }
         if let Some(o) = self.obstacles_after_failure().first() {
             return format!("{}: {}", o.why(), o.fix());
         }
@@ -356,6 +362,8 @@ mod tests {
         let (_d, h) = host(&[seccomp]);
         assert_eq!(h.container(), None);
         assert_eq!(h.obstacles_after_failure(), [Obstacle::Seccomp(None)]);
+        let fix = h.fix_for("bwrap: Can't set hostname to sandbox: Operation not permitted");
+        assert!(fix.contains("remove ProtectHostname="), "{fix}");
         assert!(h.fix_for("").contains("SystemCallFilter="));
     }
 

@@ -4,7 +4,8 @@
 # own configuration when programs.mcp.enable and the client's
 # enableMcpIntegration are on (docs/nix.md lists them). On home-manager
 # releases without programs.mcp it registers the server with Claude Code's
-# module directly.
+# module directly. services.nix-sandbox-mcp.http runs one replica of
+# `serve --http` as a user service, for clients that reach it by URL.
 nixSandbox:
 {
   config,
@@ -28,6 +29,9 @@ let
     args = [ "--stdio" ];
   };
   registered = cfg.mcpServerName != null;
+  http = config.services.nix-sandbox-mcp.http;
+  service = import ./service.nix { inherit lib; };
+  inherit (lib) mkOption types;
   hasSharedServerList = options ? programs.mcp.servers;
   hasClaudeCodeServers = options ? programs.claude-code.mcpServers;
 in
@@ -52,20 +56,102 @@ in
     };
   };
 
-  config = lib.mkIf cfg.enable (
+  options.services.nix-sandbox-mcp.http = {
+    enable = lib.mkEnableOption ''
+      `nix-sandbox-mcp serve --http` as a user service (`nix-sandbox-mcp`):
+      the server of {option}`programs.nix-sandbox-mcp` over Streamable HTTP,
+      in its own delegated cgroup (`Delegate=yes`), started with the user's
+      systemd manager'';
+
+    listen = mkOption {
+      type = types.str;
+      default = "127.0.0.1:8765";
+      example = "unix:%t/nix-sandbox-mcp.sock";
+      description = ''
+        Where it listens: `HOST:PORT` or `unix:PATH` (systemd expands `%t`
+        to the user's runtime directory). An address other than a loopback
+        one needs credentials ({option}`tokensFile` or {option}`oauth`).
+      '';
+    };
+
+    tokensFile = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "/home/alice/.config/nix-sandbox-mcp/tokens";
+      description = ''
+        The bearer tokens file (`[http] tokens_file`), outside the Nix store;
+        `nix-sandbox-mcp token add NAME --file FILE` appends to it.
+      '';
+    };
+
+    oauth = {
+      issuer = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "https://auth.example.com";
+        description = "The OAuth authorization server whose JWT access tokens are accepted (`[http.oauth] issuer`).";
+      };
+      audience = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "https://sandbox.example.com/mcp";
+        description = "The audience the tokens must name (`[http.oauth] audience`); by default the server's resource URL.";
+      };
+    };
+
+    extraArgs = mkOption {
+      type = types.listOf types.str;
+      default = [ ];
+      example = [
+        "--grace-seconds"
+        "30"
+      ];
+      description = "More arguments to `serve --http` (see `nix-sandbox-mcp serve --help`).";
+    };
+  };
+
+  config = lib.mkIf (cfg.enable || http.enable) (
     lib.mkMerge [
-      {
-        home.packages = [ cfg.finalPackage ];
-        inherit (shared) assertions;
-      }
+      (lib.mkIf http.enable {
+        assertions = [
+          {
+            assertion = http.tokensFile == null || !lib.hasPrefix builtins.storeDir http.tokensFile;
+            message = "services.nix-sandbox-mcp.http.tokensFile is in the Nix store, which every user can read; keep it outside.";
+          }
+        ];
+        programs.nix-sandbox-mcp.settings.http = service.httpSettings { inherit (http) tokensFile oauth; };
+        systemd.user.services.nix-sandbox-mcp = {
+          Unit = {
+            Description = "nix-sandbox-mcp: MCP over Streamable HTTP";
+            After = [ "network.target" ];
+          };
+          Service = {
+            ExecStart = service.execStart {
+              server = cfg.finalPackage;
+              inherit (http) listen extraArgs;
+            };
+            Type = "exec";
+            Restart = "on-failure";
+            RestartSec = 2;
+            TimeoutStopSec = 30;
+            KillMode = "mixed";
+            Delegate = "yes";
+            NoNewPrivileges = true;
+            UMask = "0077";
+          };
+          Install.WantedBy = [ "default.target" ];
+        };
+      })
+      (lib.mkIf cfg.enable { home.packages = [ cfg.finalPackage ]; })
+      { inherit (shared) assertions; }
       (lib.optionalAttrs hasSharedServerList {
-        programs.mcp.servers = lib.mkIf registered { ${cfg.mcpServerName} = server; };
+        programs.mcp.servers = lib.mkIf (cfg.enable && registered) { ${cfg.mcpServerName} = server; };
         warnings = lib.optional (
-          registered && !config.programs.mcp.enable
+          cfg.enable && registered && !config.programs.mcp.enable
         ) "programs.nix-sandbox-mcp: the server is registered as programs.mcp.servers.${cfg.mcpServerName}, but programs.mcp.enable is false, so no MCP client reads it; set programs.mcp.enable = true and your client's enableMcpIntegration (e.g. programs.claude-code.enableMcpIntegration = true), or programs.nix-sandbox-mcp.mcpServerName = null to register nothing.";
       })
       (lib.optionalAttrs (!hasSharedServerList && hasClaudeCodeServers) {
-        programs.claude-code.mcpServers = lib.mkIf registered {
+        programs.claude-code.mcpServers = lib.mkIf (cfg.enable && registered) {
           ${cfg.mcpServerName} = server // {
             type = "stdio";
           };

@@ -56,6 +56,7 @@ let
   };
 
   stub = type: default: mkOption { inherit type default; };
+  nixPackage = fake.runCommand "nix-2.28.4" { } "";
   # As nixos/modules/misc/assertions.nix (home-manager uses the same).
   checks = {
     options.assertions = stub (types.listOf types.unspecified) [ ];
@@ -67,6 +68,16 @@ let
     {
       options.environment.systemPackages = stub (types.listOf types.package) [ ];
       options.security.allowUserNamespaces = stub types.bool true;
+    }
+    # As nixos/modules/system/boot/systemd.nix, config/users-groups.nix and
+    # services/system/nix-daemon.nix declare them, with the units' own
+    # options left free.
+    {
+      options.systemd.services = stub (types.attrsOf (types.attrsOf types.anything)) { };
+      options.systemd.sockets = stub (types.attrsOf (types.attrsOf types.anything)) { };
+      options.users.users = stub (types.attrsOf (types.attrsOf types.anything)) { };
+      options.users.groups = stub (types.attrsOf (types.attrsOf types.anything)) { };
+      options.nix.package = stub types.package nixPackage;
     }
     (lib.optionalAttrs withUsernsClone {
       options.security.unprivilegedUsernsClone = stub types.bool false;
@@ -89,6 +100,8 @@ let
     [
       checks
       { options.home.packages = stub (types.listOf types.package) [ ]; }
+      # As home-manager's modules/systemd.nix: units as INI sections.
+      { options.systemd.user.services = stub (types.attrsOf (types.attrsOf types.anything)) { }; }
       (lib.optionalAttrs sharedList {
         options.programs.mcp = {
           enable = lib.mkEnableOption "mcp";
@@ -147,6 +160,27 @@ let
   finalPackage = settings: (nixos { inherit settings; }).config.programs.nix-sandbox-mcp.finalPackage;
   # fake-pkgs' formats.toml.generate keeps the value it was given.
   configOf = settings: (finalPackage settings).configFile.value;
+  configOfConfig = c: c.programs.nix-sandbox-mcp.finalPackage.configFile.value;
+  # The HTTP service alone, three replicas, both kinds of credentials.
+  httpService =
+    extra:
+    {
+      services.nix-sandbox-mcp.http = {
+        enable = true;
+        listen = "127.0.0.1:9000";
+        replicas = 3;
+        tokensFile = "/etc/nix-sandbox-mcp/tokens";
+        oauth = {
+          issuer = "https://auth.example.com";
+          audience = "https://sandbox.example.com/mcp";
+        };
+        extraArgs = [
+          "--grace-seconds"
+          "30"
+        ];
+      }
+      // extra;
+    };
   projectShell = derivation {
     name = "project-shell";
     system = "x86_64-linux";
@@ -259,6 +293,232 @@ let
         unprivilegedUsernsClone = true;
         failed = [ ];
         warnings = [ ];
+      };
+    };
+    "services.nix-sandbox-mcp.http runs N hardened replicas of one template, each with its own directories and cgroup" = {
+      expr =
+        let
+          c = (nixos { settings = httpService { }; }).config;
+          template = c.systemd.services."nix-sandbox-mcp@";
+        in
+        {
+          units = builtins.attrNames c.systemd.services;
+          instances = lib.mapAttrs (_: u: {
+            inherit (u) overrideStrategy wantedBy;
+            listen = u.environment.NIX_SANDBOX_MCP_LISTEN;
+          }) (builtins.removeAttrs c.systemd.services [ "nix-sandbox-mcp@" ]);
+          inherit (c.services.nix-sandbox-mcp.http) addresses;
+          exec = template.serviceConfig.ExecStart;
+          inherit (template) environment path;
+          service = lib.getAttrs [
+            "User"
+            "Group"
+            "Delegate"
+            "RuntimeDirectory"
+            "StateDirectory"
+            "CacheDirectory"
+            "KillMode"
+          ] template.serviceConfig;
+          user = c.users.users.nix-sandbox-mcp.isSystemUser;
+          sockets = c.systemd.sockets;
+          http = (configOfConfig c).http;
+          packages = c.environment.systemPackages;
+          failed = failedAssertions c;
+        };
+      expected = {
+        units = [
+          "nix-sandbox-mcp@"
+          "nix-sandbox-mcp@r1"
+          "nix-sandbox-mcp@r2"
+          "nix-sandbox-mcp@r3"
+        ];
+        instances = lib.genAttrs [ "nix-sandbox-mcp@r1" "nix-sandbox-mcp@r2" "nix-sandbox-mcp@r3" ] (name: {
+          overrideStrategy = "asDropin";
+          wantedBy = [ "multi-user.target" ];
+          listen =
+            {
+              "nix-sandbox-mcp@r1" = "127.0.0.1:9000";
+              "nix-sandbox-mcp@r2" = "127.0.0.1:9001";
+              "nix-sandbox-mcp@r3" = "127.0.0.1:9002";
+            }
+            .${name};
+        });
+        addresses = {
+          r1 = "127.0.0.1:9000";
+          r2 = "127.0.0.1:9001";
+          r3 = "127.0.0.1:9002";
+        };
+        exec = "${serverCommand} serve --http \${NIX_SANDBOX_MCP_LISTEN} --replica %i \"--grace-seconds\" \"30\"";
+        environment = {
+          HOME = "/var/lib/nix-sandbox-mcp/%i";
+          XDG_CACHE_HOME = "/var/cache/nix-sandbox-mcp/%i";
+          XDG_RUNTIME_DIR = "/run/nix-sandbox-mcp/%i";
+        };
+        path = [ nixPackage ];
+        service = {
+          User = "nix-sandbox-mcp";
+          Group = "nix-sandbox-mcp";
+          Delegate = "yes";
+          RuntimeDirectory = "nix-sandbox-mcp/%i";
+          StateDirectory = "nix-sandbox-mcp/%i";
+          CacheDirectory = "nix-sandbox-mcp/%i";
+          KillMode = "mixed";
+        };
+        user = true;
+        sockets = { };
+        http = {
+          tokens_file = "/etc/nix-sandbox-mcp/tokens";
+          oauth = {
+            issuer = "https://auth.example.com";
+            audience = "https://sandbox.example.com/mcp";
+          };
+        };
+        # The HTTP service alone installs nothing for users.
+        packages = [ ];
+        failed = [ ];
+      };
+    };
+    "the replicas' hardening leaves out what would stop a sandbox" = {
+      expr =
+        let
+          hardening = (nixos { settings = httpService { }; }).config.systemd.services."nix-sandbox-mcp@".serviceConfig;
+        in
+        {
+          forbidden = builtins.filter (o: hardening ? ${o}) [
+            "RestrictNamespaces"
+            "ProtectKernelTunables"
+            "ProtectKernelLogs"
+            "ProtectProc"
+            "ProcSubset"
+            "ProtectControlGroups"
+            "MemoryDenyWriteExecute"
+            "SystemCallFilter"
+            "ProtectHostname"
+            "PrivateNetwork"
+            "PrivateUsers"
+            "DynamicUser"
+          ];
+          kept = lib.getAttrs [
+            "NoNewPrivileges"
+            "ProtectSystem"
+            "PrivateTmp"
+            "PrivateDevices"
+            "CapabilityBoundingSet"
+          ] hardening;
+        };
+      expected = {
+        forbidden = [ ];
+        kept = {
+          NoNewPrivileges = true;
+          ProtectSystem = "strict";
+          PrivateTmp = true;
+          PrivateDevices = true;
+          CapabilityBoundingSet = "";
+        };
+      };
+    };
+    "with socket activation each replica is a socket unit that starts it" = {
+      expr =
+        let
+          c = (nixos {
+            settings = httpService {
+              socketActivation = true;
+              replicas = 2;
+              listen = "localhost:9000";
+            };
+          }).config;
+        in
+        {
+          sockets = lib.mapAttrs (_: u: {
+            inherit (u) wantedBy listenStreams;
+            inherit (u.socketConfig) SocketMode SocketUser;
+          }) c.systemd.sockets;
+          instances = lib.mapAttrs (_: u: {
+            inherit (u) wantedBy;
+            listen = u.environment.NIX_SANDBOX_MCP_LISTEN;
+          }) (builtins.removeAttrs c.systemd.services [ "nix-sandbox-mcp@" ]);
+        };
+      expected = {
+        sockets = {
+          "nix-sandbox-mcp@r1" = {
+            wantedBy = [ "sockets.target" ];
+            listenStreams = [ "127.0.0.1:9000" ];
+            SocketMode = "0600";
+            SocketUser = "nix-sandbox-mcp";
+          };
+          "nix-sandbox-mcp@r2" = {
+            wantedBy = [ "sockets.target" ];
+            listenStreams = [ "127.0.0.1:9001" ];
+            SocketMode = "0600";
+            SocketUser = "nix-sandbox-mcp";
+          };
+        };
+        instances = {
+          "nix-sandbox-mcp@r1" = {
+            wantedBy = [ ];
+            listen = "systemd";
+          };
+          "nix-sandbox-mcp@r2" = {
+            wantedBy = [ ];
+            listen = "systemd";
+          };
+        };
+      };
+    };
+    "a Unix socket is one replica's, and bad addresses and a tokens file in the store are named" = {
+      expr = map (extra: failedAssertions (nixos { settings = httpService extra; }).config) [
+        {
+          listen = "unix:/run/nix-sandbox-mcp/mcp.sock";
+          replicas = 1;
+        }
+        {
+          listen = "unix:/run/nix-sandbox-mcp/mcp.sock";
+          replicas = 2;
+        }
+        { listen = "8765"; }
+        { tokensFile = "${builtins.storeDir}/00000000000000000000000000000000-tokens"; }
+      ];
+      expected = [
+        [ ]
+        [
+          "services.nix-sandbox-mcp.http.listen = \"unix:/run/nix-sandbox-mcp/mcp.sock\": 2 replicas need a HOST:PORT to count ports up from; use one replica on a Unix socket, or a TCP address."
+        ]
+        [
+          "services.nix-sandbox-mcp.http.listen = \"8765\": 3 replicas need a HOST:PORT to count ports up from; use one replica on a Unix socket, or a TCP address."
+          "services.nix-sandbox-mcp.http.listen = \"8765\": expected HOST:PORT (such as 127.0.0.1:8765) or unix:PATH with an absolute path."
+        ]
+        [
+          "services.nix-sandbox-mcp.http.tokensFile is in the Nix store, which every user can read; keep it outside, such as /etc/nix-sandbox-mcp/tokens."
+        ]
+      ];
+    };
+    "home-manager runs one replica as a user service, and registers no stdio server for it alone" = {
+      expr =
+        let
+          c = (home {
+            settings = {
+              services.nix-sandbox-mcp.http = {
+                enable = true;
+                listen = "unix:%t/nix-sandbox-mcp.sock";
+              };
+            };
+          }).config;
+          unit = c.systemd.user.services.nix-sandbox-mcp;
+        in
+        {
+          exec = unit.Service.ExecStart;
+          inherit (unit.Service) Delegate KillMode;
+          inherit (unit) Install;
+          servers = c.programs.mcp.servers;
+          packages = c.home.packages;
+        };
+      expected = {
+        exec = "${serverCommand} serve --http unix:%t/nix-sandbox-mcp.sock";
+        Delegate = "yes";
+        KillMode = "mixed";
+        Install.WantedBy = [ "default.target" ];
+        servers = { };
+        packages = [ ];
       };
     };
     "a hardened profile's default wins over the module's, with a warning saying what breaks" = {

@@ -26,6 +26,14 @@ pkgs.testers.runNixOSTest {
         };
       };
 
+      # The same server for a team: two socket-activated replicas.
+      services.nix-sandbox-mcp.http = {
+        enable = true;
+        listen = "127.0.0.1:8765";
+        replicas = 2;
+        socketActivation = true;
+      };
+
       users.users.alice.isNormalUser = true;
       # Owned by alice, so that her code could write it if the overlay let it through.
       systemd.tmpfiles.rules = [
@@ -100,6 +108,14 @@ pkgs.testers.runNixOSTest {
         assert results[1]["stdout"] == "2\n", results
         results = [c["structuredContent"] for c in mcp("session", "bash", "cd /tmp && v=1", "echo $v $PWD")]
         assert results[1]["stdout"] == "1 /tmp\n", results
+
+    with subtest("services.nix-sandbox-mcp.http: two hardened, socket-activated replicas with cgroup v2 limits"):
+        for port, name in ((8765, "r1"), (8766, "r2")):
+            reply = machine.succeed("${pkgs.python3.interpreter} ${../../tests/vm/http-call.py} 127.0.0.1:%d bash 'echo $((6 * 7))'" % port)
+            r = json.loads(reply)
+            assert r["ok"] and r["stdout"] == "42\n", r
+            machine.succeed("journalctl -u nix-sandbox-mcp@%s.service | grep -q 'limits: cgroup v2'" % name)
+            machine.succeed("test -d /var/cache/nix-sandbox-mcp/%s" % name)
 
     with subtest("a run past its time limit is killed"):
         result = mcp("run", "slow", "sleep 30")

@@ -3,9 +3,12 @@
 # daemon, started each way a user may start it, must get a delegated cgroup v2
 # on its own (no manual systemd-run) and enforce memory, process and CPU
 # limits with it. Exits non-zero when a check fails.
-# Usage: limits-checks.sh PATH-TO-nix-sandbox-mcp
+# As root, also the NixOS module's replica unit (service_checks).
+# Usage: limits-checks.sh PATH-TO-nix-sandbox-mcp [service]
+#   service: only the replica unit's checks
 set -uo pipefail
-bin=$(realpath "${1:?usage: limits-checks.sh PATH-TO-nix-sandbox-mcp}")
+bin=$(realpath "${1:?usage: limits-checks.sh PATH-TO-nix-sandbox-mcp [service]}")
+only=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 user=(); [ "$(id -u)" = 0 ] || user=(--user)
 failures=0
@@ -110,6 +113,8 @@ json.dump({"version": 1, "name": "listed", "description": "a static lister",
 section "$(id -un) (uid $(id -u)): $(systemctl --version | head -n1), kernel $(uname -r)"
 echo "login cgroup: $(cat /proc/self/cgroup)"
 
+if [ "$only" != service ]; then
+
 section "a Nix closure"
 closure_check
 
@@ -118,9 +123,53 @@ cgroup_checks env
 enforcement_checks env
 
 # Once the daemon has its cgroup, what it enforces does not depend on how
-# it got it: here only that it uses the delegated scope as it is.
-section "started in a delegated scope (systemd-run ${user[*]} --scope -p Delegate=yes)"
-cgroup_checks systemd-run "${user[@]}" --quiet --scope -p Delegate=yes
+# it got it: here only that it uses the delegated scope as it is. As root,
+# the replica unit's checks below do the same for a service's delegated
+# cgroup (Delegate=yes).
+if [ "$(id -u)" != 0 ]; then
+  section "started in a delegated scope (systemd-run ${user[*]} --scope -p Delegate=yes)"
+  cgroup_checks systemd-run "${user[@]}" --quiet --scope -p Delegate=yes
+fi
+fi
+
+service_checks() { # as root: the replicas' unit (target/vm-units, rendered by run-tier.sh from
+  # the NixOS module's hardening), socket-activated, runs sandboxes with its delegated cgroup
+  local unit=$here/../../target/vm-units/nsm-replica@.service name=nsm-replica@r1 address=127.0.0.1:8799
+  if [ ! -f "$unit" ]; then
+    echo "skip  the replicas' unit: not rendered (run-tier.sh renders it where nix-instantiate exists)"
+    return
+  fi
+  id nsm-svc >/dev/null 2>&1 || useradd --system --user-group --no-create-home nsm-svc
+  mkdir -p /etc/nsm-vm && cp limits.toml /etc/nsm-vm/config.toml && chmod 644 /etc/nsm-vm/config.toml
+  cp "$unit" /etc/systemd/system/
+  printf '[Socket]\nListenStream=%s\n' "$address" > /etc/systemd/system/nsm-replica@.socket
+  systemctl daemon-reload
+  check "the socket unit starts" systemctl start "$name.socket"
+  python3 "$here/http-call.py" "$address" bash 'echo $((6 * 7)); cat /proc/self/cgroup' >out 2>err
+  rc=$?
+  check "a run through the socket-activated, hardened replica succeeds (exit $rc: $(head -c 300 out) $(tail -n1 err))" \
+    sh -c "[ $rc = 0 ] && grep -q '\"42' out"
+  journalctl -q -u "$name.service" --no-pager >journal 2>&1
+  [ $rc = 0 ] || { echo "--- the replica's journal:"; tail -n 30 journal; systemctl status --no-pager "$name.service" | tail -n 15; }
+  check "the replica limits sandboxes with cgroup v2 in its own subtree ($(grep -o 'limits: [^;]*' journal | head -n1))" \
+    grep -q 'limits: cgroup v2' journal
+  python3 "$here/http-call.py" "$address" python 'x = []
+while True: x.append(bytearray(16 << 20))' >out 2>err
+  check "a memory bomb in the replica ends with the memory limit ($(grep -o '"limits_reached": [^]]*]' out))" \
+    grep -q '"limits_reached": \[[^]]*memory' out
+  check "the replica's directories are its own (/run, /var/lib, /var/cache)" \
+    sh -c "[ -d /run/nix-sandbox-mcp/r1 ] && [ -d /var/lib/nix-sandbox-mcp/r1 ] && [ -d /var/cache/nix-sandbox-mcp/r1 ]"
+  systemctl stop "$name.service" "$name.socket"
+  check "stopped, the replica leaves no process of its user" sh -c '! pgrep -u nsm-svc >/dev/null'
+  check "stopped, the replica leaves no cgroup (its service's nor a sandbox's)" \
+    sh -c "! find /sys/fs/cgroup -path '*/$name.service*' -type d | grep -q ."
+  systemctl stop "system-nsm\\x2dreplica.slice"
+}
+
+if [ "$(id -u)" = 0 ]; then
+  section "the NixOS module's replica unit: hardened, Delegate=yes, socket-activated"
+  service_checks
+fi
 
 rm -rf "$work"
 [ "$failures" = 0 ] || { echo "$failures check(s) failed"; exit 1; }

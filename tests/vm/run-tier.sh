@@ -45,6 +45,14 @@ cargo build --quiet --features test-knobs --bin nix-sandbox-mcp
 if command -v cc >/dev/null 2>&1; then
   cc -static -O2 -o target/vm-store-lister tests/vm/store-lister.c
 fi
+# The NixOS module's replica unit, rendered for the VM (which has no Nix).
+rm -rf target/vm-units
+if command -v nix-instantiate >/dev/null 2>&1; then
+  mkdir -p target/vm-units
+  nix-instantiate --eval --strict --json --argstr bin "$root/target/debug/nix-sandbox-mcp" \
+    --argstr config /etc/nsm-vm/config.toml --argstr user nsm-svc tests/vm/units.nix \
+    | python3 -c 'import json, sys; sys.stdout.write(json.load(sys.stdin))' > 'target/vm-units/nsm-replica@.service'
+fi
 [ $# -gt 0 ] || set -- bash tests/vm/limits-checks.sh target/debug/nix-sandbox-mcp
 
 failed=()
