@@ -163,7 +163,9 @@ if command -v nix-build >/dev/null 2>&1; then
 
   step "Nix tier: start-up builds of a git project with its own nixpkgs, no secrets in the store"
   NSM_BIN=$bin nix/tests/project-flake.sh
-  tier_ran "Nix tier (eval, artifacts, devShell, project flake)"
+  step "Nix tier: a replica gets its environments from the team's binary cache without building"
+  NSM_BIN=$bin nix/tests/binary-cache.sh
+  tier_ran "Nix tier (eval, artifacts, devShell, project flake, binary cache)"
 
   if [ -n "${NIXPKGS_LIB:-}" ]; then
     step "Nix tier: the NixOS and home-manager modules and flake.nix, evaluated with nixpkgs' lib"
@@ -191,7 +193,7 @@ step "speed: bench/speed.py --check against bench/limits.toml (release build)"
 python3 - <<'PY'
 import pathlib, re, sys
 bad = []
-for doc in ("docs/performance.md", "docs/sessions.md", "README.md"):
+for doc in ("docs/performance.md", "docs/sessions.md", "docs/scaling.md", "README.md"):
     for name, body in re.findall(r"<!-- speed:([a-z_]+) -->\n(.*?)<!-- /speed:\1 -->", pathlib.Path(doc).read_text(), re.S):
         if not body.startswith("Measured by `bench/speed.py` on ") or "\n| " not in body:
             bad.append(f"{doc}: {name}")
