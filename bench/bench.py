@@ -82,15 +82,18 @@ def bare_bwrap(script: str, interpreter: str) -> list[str]:
     return args + ["--proc", "/proc", "--dev", "/dev", "--ro-bind", script, "/s", interpreter, "/s"]
 
 
-def parse_args(doc: str, runs: int = 200, **extra: int) -> argparse.Namespace:
+def parse_args(doc: str, runs: int = 200, **extra: int | bool) -> argparse.Namespace:
     """--bin (checked to exist), --runs, --json, and each `extra` as an
-    integer option."""
+    integer option, or a flag when its default is a bool."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "nix-sandbox-mcp"))
     ap.add_argument("--runs", type=int, default=runs)
     ap.add_argument("--json", help="also write the tables and metrics to this file (for bench/speed.py)")
     for name, default in extra.items():
-        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+        if isinstance(default, bool):
+            ap.add_argument(f"--{name.replace('_', '-')}", action="store_true", default=default)
+        else:
+            ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     a = ap.parse_args()
     if not pathlib.Path(a.bin).exists():
         raise SystemExit(f"{a.bin} not found: build it with `cargo build --release`")

@@ -29,7 +29,7 @@ smaller closure), never a time: a slower or busier machine moves both.
                  minute); prints each ratio against its limit and exits 1
                  when one is outside it
   --write-docs   rewrites the marked blocks of docs/performance.md,
-                 docs/sessions.md and README.md (<!-- speed:NAME --> ...
+                 docs/sessions.md, docs/scaling.md and README.md (<!-- speed:NAME --> ...
                  <!-- /speed:NAME -->) with this run's tables, naming the
                  machine and the date; with --check, from the short run
   --quick        a shorter full run (for a look, not for the docs)
@@ -63,7 +63,7 @@ import streamable_http  # noqa: E402
 import sustained  # noqa: E402
 import syscalls  # noqa: E402
 
-DOCS = [HERE.parent / "docs" / "performance.md", HERE.parent / "docs" / "sessions.md", HERE.parent / "README.md"]
+DOCS = [HERE.parent / "docs" / name for name in ("performance.md", "sessions.md", "scaling.md")] + [HERE.parent / "README.md"]
 
 
 def full(binary: str, quick: bool) -> list[tuple[str, dict]]:
@@ -74,7 +74,7 @@ def full(binary: str, quick: bool) -> list[tuple[str, dict]]:
         ("closures of 10 and 200 store paths", closure_calls.measure(binary, q(15, 40), q(2, 4), [10, 200])),
         ("sustained load, bash", sustained.measure(binary, "bash", [1, 2, 4, 8], 2, q(2, 4))),
         ("sustained load, python", sustained.measure(binary, "python", [1, 2, 4, 8], 2, q(2, 4))),
-        ("Streamable HTTP against stdio", streamable_http.measure(binary, [1, 8, 32], 2, q(2, 4), 1000)),
+        ("Streamable HTTP against stdio", streamable_http.measure(binary, [1, 8, 32], 2, q(2, 4), 1000, balanced=True)),
         ("time to first result", first_result.measure(binary, q(5, 15))),
         ("the cost of a system call", syscalls.measure(binary, q(3, 9), 200_000)),
     ]

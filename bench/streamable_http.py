@@ -11,6 +11,15 @@ transports' order reversed every other round (a drift in the host's speed
 falls on both alike):
   stdio   k tools/call requests in flight on one server's standard input
   HTTP    k connections, each a tools/call POST at a time
+  2 replicas behind haproxy
+          (with --balanced, where haproxy is installed) the same k
+          connections to haproxy running deploy/haproxy/haproxy.cfg in
+          front of two replicas on this machine's cores
+
+A second table says what that is per replica and per core, and what N
+replicas of M cores would give if runs stay bound by CPU and nothing is
+shared between replicas (a projection from the per-core rate: the runs of
+different replicas share no state, see docs/scaling.md).
 
 The ratio is HTTP's calls/s over stdio's, over all rounds (goal: at least
 0.9), with the lowest and highest of the rounds' own ratios beside it.
@@ -20,7 +29,7 @@ flight has a sandbox) and the one principal's share set to the whole
 server, so that what is measured is the transport.
 
 usage: bench/streamable_http.py [--bin target/release/nix-sandbox-mcp] [--seconds 2] [--runs 4]
-                                [--idle-connections 1000]
+                                [--idle-connections 1000] [--balanced]
 """
 
 from __future__ import annotations
@@ -43,25 +52,30 @@ from bench import Table, parse_args, report, workdir
 from sustained import SANDBOX_MEMORY_MB, Pipelined
 
 PROTOCOL = "2026-07-28"
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+HAPROXY_CONFIG = pathlib.Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "haproxy.cfg"
+BALANCED = "2 replicas behind haproxy"
 META = {"io.modelcontextprotocol/protocolVersion": PROTOCOL, "io.modelcontextprotocol/clientCapabilities": {}}
 
 
 class HttpServer:
     """`serve --http` on a loopback port with one principal's token."""
 
-    def __init__(self, binary: str, env: dict, config: pathlib.Path, work: pathlib.Path) -> None:
-        self.token = "nsm_" + secrets.token_urlsafe(32)
-        tokens = work / "tokens"
+    def __init__(self, binary: str, env: dict, config: pathlib.Path, work: pathlib.Path, token: str | None = None,
+                 replica: str = "") -> None:
+        """`token`: the principal's, when another replica's is to be shared;
+        `replica`: the name it gives itself among replicas."""
+        self.token = token or "nsm_" + secrets.token_urlsafe(32)
+        tokens = work / f"tokens{replica}"
         tokens.write_text(f"bench sha256:{hashlib.sha256(self.token.encode()).hexdigest()}\n")
         tokens.chmod(0o600)
         shares = "".join(f"{k} = 100000\n" for k in ("max_connections", "max_streams", "max_runs", "max_jobs"))
-        http_config = work / "http.toml"
+        http_config = work / f"http{replica}.toml"
         http_config.write_text(f'[http]\ntokens_file = "{tokens}"\nmax_connections = 4096\n'
-                               f"[http.per_principal]\n{shares}\n" + config.read_text())
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.log = work / "http.log"
+                               + (f'replica = "{replica}"\n' if replica else "")
+                               + f"[http.per_principal]\n{shares}\n" + config.read_text())
+        self.port = free_port()
+        self.log = work / f"http{replica}.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([binary, "--config", str(http_config), "serve", "--http",
                                           f"127.0.0.1:{self.port}"], stdin=subprocess.DEVNULL,
@@ -147,7 +161,50 @@ class HttpServer:
         self.proc.wait(timeout=30)
 
 
-def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int) -> dict:
+class Balanced(HttpServer):
+    """Replicas a and b, one principal's token on both, and haproxy with
+    deploy/haproxy/haproxy.cfg in front of them: calls go to its port."""
+
+    def __init__(self, binary: str, env: dict, config: pathlib.Path, work: pathlib.Path) -> None:
+        self.replicas = [HttpServer(binary, env, config, work, replica="a")]
+        self.replicas.append(HttpServer(binary, env, config, work, token=self.replicas[0].token, replica="b"))
+        self.token = self.replicas[0].token
+        self.port = free_port()
+        self.log = work / "haproxy.log"
+        lb_env = {**os.environ, "NSM_LB_BIND": f"127.0.0.1:{self.port}",
+                  "NSM_REPLICA_A": f"127.0.0.1:{self.replicas[0].port}",
+                  "NSM_REPLICA_B": f"127.0.0.1:{self.replicas[1].port}"}
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([HAPROXY, "-db", "-f", str(HAPROXY_CONFIG)], env=lb_env,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        # Until calls through haproxy run (round robin: on both replicas).
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = self.connect()
+                ok = all(self.call(conn, "bash", ":")["result"]["structuredContent"]["ok"] for _ in range(4))
+                conn.close()
+                if ok:
+                    break
+            except (OSError, KeyError, TypeError, ValueError, http.client.HTTPException):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"haproxy did not reach both replicas: {self.log.read_text()[-2000:]}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        super().close()
+        for r in self.replicas:
+            r.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int, balanced: bool = False) -> dict:
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, idle + 1024)), hard))
@@ -161,6 +218,9 @@ def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int) 
     code = ":\n"
     rows = {"stdio": lambda k: stdio.sustain("bash", code, k, seconds),
             "HTTP": lambda k: web.sustain("bash", code, k, seconds)}
+    fleet = Balanced(binary, env, config, work) if balanced and shutil.which(HAPROXY) else None
+    if fleet:
+        rows[BALANCED] = lambda k: fleet.sustain("bash", code, k, seconds)
     for run in rows.values():  # warm caches, the pool and the cgroups
         run(max(ks))
     done: dict = collections.Counter()
@@ -177,6 +237,8 @@ def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int) 
                 this[label] = ok
             ratios[k].append(this["HTTP"] / max(this["stdio"], 1))
     stdio.close()
+    if fleet:
+        fleet.close()
 
     time.sleep(1)
     before = web.rss_kib()
@@ -189,7 +251,7 @@ def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int) 
     shutil.rmtree(work, ignore_errors=True)
 
     total = seconds * rounds
-    table = Table("http", ["k", "path", "calls/s", "HTTP ÷ stdio", "rounds", "failed"])
+    table = Table("http", ["k", "path", "calls/s", "÷ stdio", "rounds (HTTP ÷ stdio)", "failed"])
     metrics = {}
     for k in ks:
         base = done[(k, "stdio")] / total
@@ -197,21 +259,34 @@ def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int) 
             rate = done[(k, label)] / total
             failed = ", ".join(f"{c} x{n}" for c, n in failures[(k, label)].items()) or "-"
             spread = f"{min(ratios[k]):.2f}-{max(ratios[k]):.2f}" if label == "HTTP" else "-"
-            table.add([k, label, rate, rate / max(base, 1e-9) if label == "HTTP" else 1.0, spread, failed])
+            table.add([k, label, rate, rate / max(base, 1e-9) if label != "stdio" else 1.0, spread, failed])
         metrics[f"http.k{k}.http_over_stdio"] = done[(k, "HTTP")] / max(done[(k, "stdio")], 1)
-        metrics[f"http.k{k}.failed"] = float(sum(failures[(k, "HTTP")].values()))
+        metrics[f"http.k{k}.failed"] = float(sum(sum(failures[(k, label)].values()) for label in rows if label != "stdio"))
+    # Per replica and per core, at the k that keeps the cores busiest.
+    cores = os.cpu_count() or 1
+    k = max(ks, key=lambda k: done[(k, "HTTP")])
+    per_replica = done[(k, "HTTP")] / total
+    scaling = Table("http_scaling", ["what", "calls/s", "measured"])
+    scaling.add([f"one replica, {cores} cores, {k} calls in flight", per_replica, "yes"])
+    scaling.add(["the same, per core", per_replica / cores, "yes"])
+    if fleet:
+        scaling.add([f"two replicas behind haproxy on the same {cores} cores", done[(k, BALANCED)] / total, "yes"])
+        metrics[f"http.k{k}.balanced_over_http"] = done[(k, BALANCED)] / max(done[(k, "HTTP")], 1)
+    for n, m in ((2, 8), (4, 16), (8, 32)):
+        scaling.add([f"{n} replicas of {m} cores", per_replica / cores * n * m, "no: per-core rate x cores"])
+    metrics["http.calls_per_core"] = per_replica / cores
     memory = Table("http_idle_connections", ["what", "MiB"])
     memory.add(["server idle (after the calls above)", before / 1024])
     memory.add([f"with {idle} idle authenticated connections", after / 1024])
     memory.add(["difference (goal: at most 64)", (after - before) / 1024])
     metrics["http.idle_connections_mib"] = (after - before) / 1024
-    return {"tables": [table, memory], "metrics": metrics,
+    return {"tables": [table, memory, scaling], "metrics": metrics,
             "title": f"bash, {rounds} x {seconds:g} s per row, uid {os.getuid()}"}
 
 
 def main() -> None:
-    a = parse_args(__doc__, runs=4, seconds=2, idle_connections=1000)
-    result = measure(a.bin, [1, 8, 32], a.seconds, a.runs, a.idle_connections)
+    a = parse_args(__doc__, runs=4, seconds=2, idle_connections=1000, balanced=False)
+    result = measure(a.bin, [1, 8, 32], a.seconds, a.runs, a.idle_connections, a.balanced)
     report(a, result)
 
 
