@@ -213,6 +213,8 @@ in
           name: address:
           lib.nameValuePair (unit name) {
             overrideStrategy = "asDropin";
+            # NixOS writes a PATH into every unit, drop-ins too: the same.
+            path = [ config.nix.package ];
             environment.NIX_SANDBOX_MCP_LISTEN = if http.socketActivation then "systemd" else address;
             wantedBy = lib.optional (!http.socketActivation) "multi-user.target";
           }
