@@ -56,7 +56,7 @@ in
     };
   };
 
-  options.services.nix-sandbox-mcp.http = {
+  options.services.nix-sandbox-mcp.http = service.options // {
     enable = lib.mkEnableOption ''
       `nix-sandbox-mcp serve --http` as a user service (`nix-sandbox-mcp`):
       the server of {option}`programs.nix-sandbox-mcp` over Streamable HTTP,
@@ -73,51 +73,13 @@ in
         one needs credentials ({option}`tokensFile` or {option}`oauth`).
       '';
     };
-
-    tokensFile = mkOption {
-      type = types.nullOr types.str;
-      default = null;
-      example = "/home/alice/.config/nix-sandbox-mcp/tokens";
-      description = ''
-        The bearer tokens file (`[http] tokens_file`), outside the Nix store;
-        `nix-sandbox-mcp token add NAME --file FILE` appends to it.
-      '';
-    };
-
-    oauth = {
-      issuer = mkOption {
-        type = types.nullOr types.str;
-        default = null;
-        example = "https://auth.example.com";
-        description = "The OAuth authorization server whose JWT access tokens are accepted (`[http.oauth] issuer`).";
-      };
-      audience = mkOption {
-        type = types.nullOr types.str;
-        default = null;
-        example = "https://sandbox.example.com/mcp";
-        description = "The audience the tokens must name (`[http.oauth] audience`); by default the server's resource URL.";
-      };
-    };
-
-    extraArgs = mkOption {
-      type = types.listOf types.str;
-      default = [ ];
-      example = [
-        "--grace-seconds"
-        "30"
-      ];
-      description = "More arguments to `serve --http` (see `nix-sandbox-mcp serve --help`).";
-    };
   };
 
   config = lib.mkIf (cfg.enable || http.enable) (
     lib.mkMerge [
       (lib.mkIf http.enable {
         assertions = [
-          {
-            assertion = http.tokensFile == null || !lib.hasPrefix builtins.storeDir http.tokensFile;
-            message = "services.nix-sandbox-mcp.http.tokensFile is in the Nix store, which every user can read; keep it outside.";
-          }
+          (service.tokensFileAssertion "services.nix-sandbox-mcp.http" http.tokensFile)
         ];
         programs.nix-sandbox-mcp.settings.http = service.httpSettings { inherit (http) tokensFile oauth; };
         systemd.user.services.nix-sandbox-mcp = {
@@ -125,19 +87,11 @@ in
             Description = "nix-sandbox-mcp: MCP over Streamable HTTP";
             After = [ "network.target" ];
           };
-          Service = {
+          Service = service.lifecycle // {
             ExecStart = service.execStart {
               server = cfg.finalPackage;
               inherit (http) listen extraArgs;
             };
-            Type = "exec";
-            Restart = "on-failure";
-            RestartSec = 2;
-            TimeoutStopSec = 30;
-            KillMode = "mixed";
-            Delegate = "yes";
-            NoNewPrivileges = true;
-            UMask = "0077";
           };
           Install.WantedBy = [ "default.target" ];
         };

@@ -43,7 +43,7 @@ in
 
   options.programs.nix-sandbox-mcp = shared.options;
 
-  options.services.nix-sandbox-mcp.http = {
+  options.services.nix-sandbox-mcp.http = service.options // {
     enable = lib.mkEnableOption ''
       `nix-sandbox-mcp serve --http`: the server of
       {option}`programs.nix-sandbox-mcp` (its environments, commands and
@@ -97,34 +97,6 @@ in
       '';
     };
 
-    tokensFile = mkOption {
-      type = types.nullOr types.str;
-      default = null;
-      example = "/etc/nix-sandbox-mcp/tokens";
-      description = ''
-        The bearer tokens file (`[http] tokens_file`): lines
-        `NAME sha256:HEX` that `nix-sandbox-mcp token add NAME --file FILE`
-        appends. A path outside the Nix store, readable by {option}`user`
-        and writable by no one else; `systemctl reload` is not needed: send
-        SIGHUP (`systemctl kill -s HUP 'nix-sandbox-mcp@*'`) after editing it.
-      '';
-    };
-
-    oauth = {
-      issuer = mkOption {
-        type = types.nullOr types.str;
-        default = null;
-        example = "https://auth.example.com";
-        description = "The OAuth authorization server whose JWT access tokens are accepted (`[http.oauth] issuer`).";
-      };
-      audience = mkOption {
-        type = types.nullOr types.str;
-        default = null;
-        example = "https://sandbox.example.com/mcp";
-        description = "The audience the tokens must name (`[http.oauth] audience`); by default the server's resource URL.";
-      };
-    };
-
     user = mkOption {
       type = types.str;
       default = "nix-sandbox-mcp";
@@ -137,16 +109,6 @@ in
       default = "nix-sandbox-mcp";
       example = "sandbox";
       description = "The group the replicas run as; `nix-sandbox-mcp` is created when it is the default.";
-    };
-
-    extraArgs = mkOption {
-      type = types.listOf types.str;
-      default = [ ];
-      example = [
-        "--grace-seconds"
-        "30"
-      ];
-      description = "More arguments to `serve --http` (see `nix-sandbox-mcp serve --help`).";
     };
   };
 
@@ -171,10 +133,7 @@ in
             assertion = service.isTcpAddress http.listen || lib.hasPrefix "unix:/" http.listen;
             message = "services.nix-sandbox-mcp.http.listen = ${builtins.toJSON http.listen}: expected HOST:PORT (such as 127.0.0.1:8765) or unix:PATH with an absolute path.";
           }
-          {
-            assertion = http.tokensFile == null || !lib.hasPrefix builtins.storeDir http.tokensFile;
-            message = "services.nix-sandbox-mcp.http.tokensFile is in the Nix store, which every user can read; keep it outside, such as /etc/nix-sandbox-mcp/tokens.";
-          }
+          (service.tokensFileAssertion "services.nix-sandbox-mcp.http" http.tokensFile)
         ];
         programs.nix-sandbox-mcp.settings.http = service.httpSettings { inherit (http) tokensFile oauth; };
 

@@ -25,10 +25,8 @@
 #   the service's user as the host sees it; they are kept as they are.
 { lib }:
 rec {
-  # [Service] settings every instance has. `instance`: the directory name
-  # under /run, /var/lib and /var/cache ("%i" for a template, a name for a
-  # single unit).
-  serviceConfig = instance: {
+  # How any unit of the server starts and stops, a system's or a user's.
+  lifecycle = {
     Type = "exec";
     Restart = "on-failure";
     RestartSec = 2;
@@ -39,14 +37,20 @@ rec {
     # The service's own cgroup subtree: each sandbox's memory, process and
     # CPU limits are a group in it.
     Delegate = "yes";
+    NoNewPrivileges = true;
+    UMask = "0077";
+  };
+
+  # [Service] settings every replica of the system service has.
+  # `instance`: the directory name under /run, /var/lib and /var/cache
+  # ("%i" for a template, a name for a single unit).
+  serviceConfig = instance: lifecycle // {
     RuntimeDirectory = "nix-sandbox-mcp/${instance}";
     RuntimeDirectoryMode = "0700";
     StateDirectory = "nix-sandbox-mcp/${instance}";
     StateDirectoryMode = "0700";
     CacheDirectory = "nix-sandbox-mcp/${instance}";
     CacheDirectoryMode = "0700";
-    UMask = "0077";
-    NoNewPrivileges = true;
     PrivateTmp = true;
     PrivateDevices = true;
     ProtectSystem = "strict";
@@ -74,6 +78,52 @@ rec {
     HOME = "/var/lib/nix-sandbox-mcp/${instance}";
     XDG_CACHE_HOME = "/var/cache/nix-sandbox-mcp/${instance}";
     XDG_RUNTIME_DIR = "/run/nix-sandbox-mcp/${instance}";
+  };
+
+  # The options the NixOS and home-manager services share: credentials and
+  # more arguments.
+  options = {
+    tokensFile = lib.mkOption {
+      type = lib.types.nullOr lib.types.str;
+      default = null;
+      example = "/etc/nix-sandbox-mcp/tokens";
+      description = ''
+        The bearer tokens file (`[http] tokens_file`): lines
+        `NAME sha256:HEX` that `nix-sandbox-mcp token add NAME --file FILE`
+        appends. A path outside the Nix store, readable by the service's
+        user and writable by no one else; after editing it, send SIGHUP
+        (`systemctl kill -s HUP UNIT`).
+      '';
+    };
+    oauth = {
+      issuer = lib.mkOption {
+        type = lib.types.nullOr lib.types.str;
+        default = null;
+        example = "https://auth.example.com";
+        description = "The OAuth authorization server whose JWT access tokens are accepted (`[http.oauth] issuer`).";
+      };
+      audience = lib.mkOption {
+        type = lib.types.nullOr lib.types.str;
+        default = null;
+        example = "https://sandbox.example.com/mcp";
+        description = "The audience the tokens must name (`[http.oauth] audience`); by default the server's resource URL.";
+      };
+    };
+    extraArgs = lib.mkOption {
+      type = lib.types.listOf lib.types.str;
+      default = [ ];
+      example = [
+        "--grace-seconds"
+        "30"
+      ];
+      description = "More arguments to `serve --http` (see `nix-sandbox-mcp serve --help`); systemd expands `%` and `$` in them.";
+    };
+  };
+
+  # A tokens file in the store would be readable by every user.
+  tokensFileAssertion = option: tokensFile: {
+    assertion = tokensFile == null || !lib.hasPrefix builtins.storeDir tokensFile;
+    message = "${option}.tokensFile is in the Nix store, which every user can read; keep it outside, such as /etc/nix-sandbox-mcp/tokens.";
   };
 
   # The `[http]` table the credentials options make.

@@ -30,25 +30,13 @@ system=$(nix-instantiate --eval --expr builtins.currentSystem | tr -d '"')
 # Unique per run, so that nothing an earlier run left in the store counts.
 run=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
-# The daemon as a store path, as the Nix package has it.
-mkdir -p "$work/nix-sandbox-mcp/bin"
-cp "$daemonBinary" "$work/nix-sandbox-mcp/bin/nix-sandbox-mcp"
-daemon=$(nix-store --add "$work/nix-sandbox-mcp")
-rm -rf "$work/nix-sandbox-mcp"
-ownFlake=$(nix eval --raw --impure --expr "(builtins.getFlake \"git+file://$root\").outPath")
-
-# The stand-in nixpkgs (host programs behind a flake) and a project whose
-# flake has the environment, unique to this run.
-mkdir -p "$work/nixpkgs/tests" "$work/nixpkgs/lib"
-cp "$here/host-pkgs.nix" "$work/nixpkgs/tests/"
-cp "$root/nix/lib/util.nix" "$work/nixpkgs/lib/"
-cat > "$work/nixpkgs/flake.nix" <<NIX
-{
-  outputs = { self }: {
-    legacyPackages.$system = import ./tests/host-pkgs.nix { system = "$system"; };
-  };
-}
-NIX
+# shellcheck source=stand-ins.sh
+. "$here/stand-ins.sh"
+# The daemon as a store path, as the Nix package has it; the stand-in
+# nixpkgs; a project whose flake has the environment, unique to this run.
+daemon=$(in_store nix-sandbox-mcp nix-sandbox-mcp "$daemonBinary" "$work")
+ownFlake=$(own_flake)
+stand_in_nixpkgs "$work" "$system"
 project=$work/project
 mkdir -p "$project"
 cat > "$project/flake.nix" <<NIX

@@ -44,28 +44,14 @@ envSecret=ENV_SECRET_$run
 ignoredSecret=IGNORED_SECRET_$run
 plainSecret=PLAIN_SECRET_$run
 
+# shellcheck source=stand-ins.sh
+. "$here/stand-ins.sh"
 # The daemon and bubblewrap as store paths, like the Nix package's.
-mkdir -p "$work/nix-sandbox-mcp/bin" "$work/bubblewrap/bin"
-cp "$daemonBinary" "$work/nix-sandbox-mcp/bin/nix-sandbox-mcp"
-cp "$(realpath "$(command -v bwrap)")" "$work/bubblewrap/bin/bwrap"
-daemon=$(nix-store --add "$work/nix-sandbox-mcp")
-bubblewrap=$(nix-store --add "$work/bubblewrap")
-rm -rf "$work/nix-sandbox-mcp" "$work/bubblewrap"
-
-# This flake's source in the store (its tracked files, as NIX_SANDBOX_FLAKE).
-ownFlake=$(nix eval --raw --impure --expr "(builtins.getFlake \"git+file://$root\").outPath")
-
+daemon=$(in_store nix-sandbox-mcp nix-sandbox-mcp "$daemonBinary" "$work")
+bubblewrap=$(in_store bubblewrap bwrap "$(realpath "$(command -v bwrap)")" "$work")
+ownFlake=$(own_flake)
 # The stand-in nixpkgs: host programs behind a flake.
-mkdir -p "$work/nixpkgs/tests" "$work/nixpkgs/lib"
-cp "$here/host-pkgs.nix" "$work/nixpkgs/tests/"
-cp "$root/nix/lib/util.nix" "$work/nixpkgs/lib/"
-cat > "$work/nixpkgs/flake.nix" <<EOF
-{
-  outputs = { self }: {
-    legacyPackages.$system = import ./tests/host-pkgs.nix { system = "$system"; };
-  };
-}
-EOF
+stand_in_nixpkgs "$work" "$system"
 
 # A project: a git repository whose flake follows that nixpkgs.
 project=$work/project
