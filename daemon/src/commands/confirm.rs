@@ -52,6 +52,8 @@ impl std::fmt::Debug for Token {
 struct Pending {
     /// SHA-256 of the token: the token itself is not kept.
     token_hash: [u8; 32],
+    /// SHA-256 of the principal it was handed to.
+    holder: [u8; 32],
     invocation: [u8; 32],
     expires: Instant,
 }
@@ -88,8 +90,9 @@ impl Tokens {
         self.ttl
     }
 
-    /// A fresh token bound to `invocation` (an invocation's digest).
-    pub fn issue(&self, invocation: [u8; 32]) -> Result<Token, getrandom::Error> {
+    /// A fresh token for `holder` (a principal), bound to `invocation` (an
+    /// invocation's digest).
+    pub fn issue(&self, holder: &str, invocation: [u8; 32]) -> Result<Token, getrandom::Error> {
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret)?;
         let token = URL_SAFE_NO_PAD.encode(secret);
@@ -101,16 +104,20 @@ impl Tokens {
         }
         pending.push(Pending {
             token_hash: Sha256::digest(token.as_bytes()).into(),
+            holder: Sha256::digest(holder.as_bytes()).into(),
             invocation,
             expires: now + self.ttl,
         });
         Ok(Token(token))
     }
 
-    /// Presents `token` for `invocation`. A token that matches is used up
-    /// whatever the outcome: it can be tried once.
-    pub fn redeem(&self, token: &str, invocation: &[u8; 32]) -> Redeemed {
+    /// Presents `token` for `invocation`, by `holder`. A token its holder
+    /// presents is used up whatever the outcome: it can be tried once.
+    /// Presented by another principal it is unknown to them, and stays its
+    /// holder's: nobody else can spend it.
+    pub fn redeem(&self, token: &str, holder: &str, invocation: &[u8; 32]) -> Redeemed {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let holder: [u8; 32] = Sha256::digest(holder.as_bytes()).into();
         let now = Instant::now();
         let mut pending = self.pending.lock().recover();
         // Compare against every entry, each in constant time, so that
@@ -121,7 +128,7 @@ impl Tokens {
                 found = Some(i);
             }
         }
-        let Some(i) = found else {
+        let Some(i) = found.filter(|&i| bool::from(pending[i].holder.ct_eq(&holder))) else {
             return Redeemed::Unknown;
         };
         let p = pending.remove(i);
@@ -239,11 +246,13 @@ pub async fn ask(
 mod tests {
     use super::*;
 
+    const ME: &str = "stdio:a";
+
     #[test]
     fn tokens_are_32_random_bytes_in_base64url() {
         let t = Tokens::new(TOKEN_TTL);
-        let a = t.issue([1; 32]).unwrap();
-        let b = t.issue([1; 32]).unwrap();
+        let a = t.issue(ME, [1; 32]).unwrap();
+        let b = t.issue(ME, [1; 32]).unwrap();
         assert_eq!(a.reveal().len(), 43);
         assert!(
             a.reveal()
@@ -259,35 +268,50 @@ mod tests {
     #[test]
     fn a_token_works_once_and_only_for_its_invocation() {
         let t = Tokens::new(TOKEN_TTL);
-        let token = t.issue([1; 32]).unwrap();
-        assert_eq!(t.redeem(token.reveal(), &[1; 32]), Redeemed::Valid);
-        assert_eq!(t.redeem(token.reveal(), &[1; 32]), Redeemed::Unknown);
-        let token = t.issue([1; 32]).unwrap();
+        let token = t.issue(ME, [1; 32]).unwrap();
+        assert_eq!(t.redeem(token.reveal(), ME, &[1; 32]), Redeemed::Valid);
+        assert_eq!(t.redeem(token.reveal(), ME, &[1; 32]), Redeemed::Unknown);
+        let token = t.issue(ME, [1; 32]).unwrap();
         assert_eq!(
-            t.redeem(token.reveal(), &[2; 32]),
+            t.redeem(token.reveal(), ME, &[2; 32]),
             Redeemed::OtherInvocation
         );
-        assert_eq!(t.redeem(token.reveal(), &[1; 32]), Redeemed::Unknown);
-        assert_eq!(t.redeem("made-up", &[1; 32]), Redeemed::Unknown);
+        assert_eq!(t.redeem(token.reveal(), ME, &[1; 32]), Redeemed::Unknown);
+        assert_eq!(t.redeem("made-up", ME, &[1; 32]), Redeemed::Unknown);
+    }
+
+    #[test]
+    fn another_principal_cannot_spend_a_token() {
+        let t = Tokens::new(TOKEN_TTL);
+        let token = t.issue(ME, [1; 32]).unwrap();
+        assert_eq!(
+            t.redeem(token.reveal(), "other", &[1; 32]),
+            Redeemed::Unknown
+        );
+        assert_eq!(
+            t.redeem(token.reveal(), "other", &[2; 32]),
+            Redeemed::Unknown
+        );
+        assert_eq!(t.redeem(token.reveal(), ME, &[1; 32]), Redeemed::Valid);
     }
 
     #[test]
     fn tokens_expire() {
         let t = Tokens::new(Duration::from_millis(20));
-        let token = t.issue([1; 32]).unwrap();
+        let token = t.issue(ME, [1; 32]).unwrap();
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(t.redeem(token.reveal(), &[1; 32]), Redeemed::Expired);
+        assert_eq!(t.redeem(token.reveal(), ME, &[1; 32]), Redeemed::Expired);
         assert_eq!(Tokens::new(Duration::from_secs(3600)).ttl(), TOKEN_TTL);
     }
 
     #[test]
     fn outstanding_tokens_are_bounded() {
         let t = Tokens::new(TOKEN_TTL);
-        let first = t.issue([0; 32]).unwrap();
+        let first = t.issue(ME, [0; 32]).unwrap();
         for _ in 0..MAX_PENDING {
-            t.issue([0; 32]).unwrap();
+            t.issue(ME, [0; 32]).unwrap();
         }
-        assert_eq!(t.redeem(first.reveal(), &[0; 32]), Redeemed::Unknown);
+        assert_eq!(t.redeem(first.reveal(), ME, &[0; 32]), Redeemed::Unknown);
         assert_eq!(t.pending.lock().recover().len(), MAX_PENDING);
     }
 

@@ -240,16 +240,19 @@ mod tests {
         let alone = SealedStates::new(None).unwrap();
         let s = a.seal(ME, &INV, MINUTE).unwrap();
         assert!(s.starts_with("a~rs1."), "{s}");
-        let held = Err(Refused::HeldBy("a".into()));
-        assert_eq!(b.open(&s, ME, &INV), held);
-        assert_eq!(alone.open(&s, ME, &INV), held);
-        assert!(held.unwrap_err().describe().contains("issued by replica a"));
+        let held = Refused::HeldBy("a".into());
+        assert_eq!(b.open(&s, ME, &INV), Err(held.clone()));
+        assert_eq!(alone.open(&s, ME, &INV), Err(held.clone()));
+        assert!(held.describe().contains("issued by replica a"));
         assert_eq!(a.open(&s, ME, &INV), Ok(()));
         // Without its name, or under a name that is no replica's, only the
         // key that sealed it opens it.
         let bare = s.strip_prefix("a~").unwrap();
         assert_eq!(b.open(bare, ME, &INV), Err(Refused::NotOurs));
-        assert_eq!(b.open(&format!("A B~{bare}"), ME, &INV), Err(Refused::NotOurs));
+        assert_eq!(
+            b.open(&format!("A B~{bare}"), ME, &INV),
+            Err(Refused::NotOurs)
+        );
         assert_eq!(a.open(bare, ME, &INV), Err(Refused::Used));
     }
 

@@ -148,17 +148,6 @@ impl SandboxServer {
             .into()
     }
 
-    /// What a confirmation token is bound to: the invocation's digest and
-    /// the principal it was handed to (no other may redeem it).
-    fn token_binding(&self, digest: &[u8; 32]) -> [u8; 32] {
-        use sha2::{Digest, Sha256};
-        let mut h = Sha256::new();
-        h.update(self.principal.as_bytes());
-        h.update([0]);
-        h.update(digest);
-        h.finalize().into()
-    }
-
     /// The result that hands out a token for `inv`.
     pub(super) fn issue_token(
         &self,
@@ -169,7 +158,7 @@ impl SandboxServer {
         digest: [u8; 32],
     ) -> CallToolResult {
         let tokens = &commands.tokens;
-        let token = match tokens.issue(self.token_binding(&digest)) {
+        let token = match tokens.issue(&self.principal, digest) {
             Ok(t) => t,
             Err(e) => {
                 return result::error_result(&ToolError::new(
@@ -249,7 +238,7 @@ impl SandboxServer {
                 .map_err(|e| invalid_arguments(offered, e))?;
             let how = How { background, tasks };
             let again = format!("Call {} again for a new token.", offered.tool);
-            match commands.tokens.redeem(&token, &self.token_binding(&inv.digest())) {
+            match commands.tokens.redeem(&token, &self.principal, &inv.digest()) {
                 Redeemed::Valid => {
                     self.audit_command("confirmed", &inv, Some("token"), None, None);
                     Ok(self.run_invocation(commands, &inv, how, cancel, progress).await)

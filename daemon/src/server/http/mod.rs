@@ -116,7 +116,6 @@ pub async fn serve(
         Some((cert, key)) => Some(tls::acceptor(cert, key).map_err(HttpError::Tls)?),
         None => None,
     };
-    let n = |v: Option<crate::config::Positive>, default: u64| v.map_or(default, |p| p.0) as usize;
     let mut hosts: Vec<String> = LOOPBACK_HOSTS.map(String::from).to_vec();
     hosts.extend(options.address.host_names());
     hosts.extend(
@@ -135,7 +134,7 @@ pub async fn serve(
             ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"].map(String::from),
         );
     }
-    let max_body = n(settings.max_body_bytes, DEFAULT_MAX_BODY);
+    let max_body = or_default(settings.max_body_bytes, DEFAULT_MAX_BODY as usize);
     let streams_stop = CancellationToken::new();
     let rmcp_config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts.clone())
@@ -152,18 +151,18 @@ pub async fn serve(
             server,
             rmcp_config,
             shares,
-            n(settings.max_principals, 4096),
+            or_default(settings.max_principals, 4096),
         ),
         max_body,
-        body_timeout: Duration::from_secs(n(settings.body_timeout_seconds, 30) as u64),
+        body_timeout: Duration::from_secs(or_default(settings.body_timeout_seconds, 30) as u64),
         quitting: CancellationToken::new(),
         calls: Counter::default(),
         metrics: settings.metrics.unwrap_or(true),
     });
     let limits = ConnectionLimits {
-        idle: Duration::from_secs(n(settings.idle_timeout_seconds, 30) as u64),
-        header_bytes: n(settings.max_header_bytes, 16 * 1024).max(8192),
-        headers: n(settings.max_headers, 64),
+        idle: Duration::from_secs(or_default(settings.idle_timeout_seconds, 30) as u64),
+        header_bytes: or_default(settings.max_header_bytes, 16 * 1024).max(8192),
+        headers: or_default(settings.max_headers, 64),
     };
     let listener = Listener::open(&options.address, options.socket)
         .await
@@ -191,7 +190,7 @@ pub async fn serve(
     );
     let reloads = tokio::spawn(reload_on_hangup(gate.clone()));
     let connections = Counter::default();
-    let max_connections = n(settings.max_connections, 1024);
+    let max_connections = or_default(settings.max_connections, 1024);
     let graceful = GracefulShutdown::new();
     tokio::pin!(quit);
     let why = loop {
@@ -275,11 +274,7 @@ fn shares(
     let server_jobs = server.shared.jobs.limits().max_jobs;
     let server_sessions = server.shared.sessions.limits().max_sessions;
     let per = settings.per_principal;
-    let n = |v: Option<crate::config::Positive>, shared_default: usize, alone: usize| {
-        v.map_or(if shared { shared_default } else { alone }, |p| {
-            p.0 as usize
-        })
-    };
+    let n = |v, shared_default, alone| or_default(v, if shared { shared_default } else { alone });
     Shares {
         connections: n(per.max_connections, 256, usize::MAX),
         streams: n(per.max_streams, 64, usize::MAX),
@@ -289,6 +284,11 @@ fn shares(
         jobs: n(per.max_jobs, server_jobs.div_ceil(2).max(1), server_jobs),
         mcp_sessions: n(per.max_mcp_sessions, 16, 64),
     }
+}
+
+/// An optional bound of [http], else `default`.
+fn or_default(v: Option<crate::config::Positive>, default: usize) -> usize {
+    v.map_or(default, |p| p.0 as usize)
 }
 
 /// Waits until no call is in flight, or `limit` passes.
