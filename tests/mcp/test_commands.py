@@ -21,6 +21,7 @@ import anyio
 import pytest
 from mcp import types
 from mcp.client.session import ClientSession
+from http_transport import TRANSPORT
 from harness import (BIN, TaskClient, call_tool, dump, legacy_only, processes_with, readable_tmpdir, require_test_knobs,
                      run_async, server_params, session, stateless_only, tool_changes, write_config)
 
@@ -585,7 +586,11 @@ def test_the_question_comes_back_in_the_result_and_the_answer_runs_it_once():
 def test_a_state_that_is_not_this_calls_runs_nothing(tamper):
     config, audit = confirmed_config()
     args = {"branch": "main"}
-    words = {"other arguments": "another command or other arguments"}.get(tamper, "not issued by this server")
+    # Over HTTP every server is a replica, named in its states: another
+    # server's state names the server that issued it.
+    other_server = "issued by replica" if TRANSPORT == "http" else "not issued by this server"
+    words = {"other arguments": "another command or other arguments", "other server": other_server}.get(
+        tamper, "not issued by this server")
 
     async def t():
         async with client(config=config, project=make_project(), elicit=never) as s:
