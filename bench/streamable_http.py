@@ -35,6 +35,7 @@ usage: bench/streamable_http.py [--bin target/release/nix-sandbox-mcp] [--second
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import http.client
 import json
@@ -189,7 +190,9 @@ class Balanced(HttpServer):
             except (OSError, KeyError, TypeError, ValueError, http.client.HTTPException):
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"haproxy did not reach both replicas: {self.log.read_text()[-2000:]}")
+                why = self.log.read_text()[-2000:]
+                self.close()
+                raise SystemExit(f"haproxy did not reach both replicas: {why}")
             time.sleep(0.2)
 
     def close(self) -> None:
@@ -213,42 +216,48 @@ def measure(binary: str, ks: list[int], seconds: float, rounds: int, idle: int, 
     config = work / "config.toml"
     config.write_text(f"[server]\nmax_concurrent_runs = {max(ks)}\nmax_queued_runs = {4 * max(ks)}\n"
                       f"memory_budget_mb = {2 * max(ks) * SANDBOX_MEMORY_MB}\n")
-    stdio = Pipelined(binary, env, ["--config", str(config)])
-    web = HttpServer(binary, env, config, work)
-    code = ":\n"
-    rows = {"stdio": lambda k: stdio.sustain("bash", code, k, seconds),
-            "HTTP": lambda k: web.sustain("bash", code, k, seconds)}
-    fleet = Balanced(binary, env, config, work) if balanced and shutil.which(HAPROXY) else None
-    if fleet:
-        rows[BALANCED] = lambda k: fleet.sustain("bash", code, k, seconds)
-    for run in rows.values():  # warm caches, the pool and the cgroups
-        run(max(ks))
-    done: dict = collections.Counter()
-    failures: dict = collections.defaultdict(collections.Counter)
-    ratios: dict = collections.defaultdict(list)
-    for n in range(rounds):
-        order = list(rows) if n % 2 == 0 else list(reversed(rows))
-        for k in ks:
-            this = {}
-            for label in order:
-                ok, failed = rows[label](k)
-                done[(k, label)] += ok
-                failures[(k, label)].update(failed)
-                this[label] = ok
-            ratios[k].append(this["HTTP"] / max(this["stdio"], 1))
-    stdio.close()
-    if fleet:
-        fleet.close()
+    # Every server started is stopped, whatever fails (closing twice is
+    # harmless).
+    with contextlib.ExitStack() as started:
+        stdio = Pipelined(binary, env, ["--config", str(config)])
+        started.callback(stdio.close)
+        web = HttpServer(binary, env, config, work)
+        started.callback(web.close)
+        code = ":\n"
+        rows = {"stdio": lambda k: stdio.sustain("bash", code, k, seconds),
+                "HTTP": lambda k: web.sustain("bash", code, k, seconds)}
+        fleet = Balanced(binary, env, config, work) if balanced and shutil.which(HAPROXY) else None
+        if fleet:
+            started.callback(fleet.close)
+            rows[BALANCED] = lambda k: fleet.sustain("bash", code, k, seconds)
+        for run in rows.values():  # warm caches, the pool and the cgroups
+            run(max(ks))
+        done: dict = collections.Counter()
+        failures: dict = collections.defaultdict(collections.Counter)
+        ratios: dict = collections.defaultdict(list)
+        for n in range(rounds):
+            order = list(rows) if n % 2 == 0 else list(reversed(rows))
+            for k in ks:
+                this = {}
+                for label in order:
+                    ok, failed = rows[label](k)
+                    done[(k, label)] += ok
+                    failures[(k, label)].update(failed)
+                    this[label] = ok
+                ratios[k].append(this["HTTP"] / max(this["stdio"], 1))
+        stdio.close()
+        if fleet:
+            fleet.close()
 
-    time.sleep(1)
-    before = web.rss_kib()
-    socks = web.idle_connections(idle)
-    time.sleep(1)
-    after = web.rss_kib()
-    for s in socks:
-        s.close()
-    web.close()
-    shutil.rmtree(work, ignore_errors=True)
+        time.sleep(1)
+        before = web.rss_kib()
+        socks = web.idle_connections(idle)
+        time.sleep(1)
+        after = web.rss_kib()
+        for s in socks:
+            s.close()
+        web.close()
+        shutil.rmtree(work, ignore_errors=True)
 
     total = seconds * rounds
     table = Table("http", ["k", "path", "calls/s", "÷ stdio", "rounds (HTTP ÷ stdio)", "failed"])

@@ -398,7 +398,7 @@ let
       }) true;
       expected = true;
     };
-    "the VM test's script checks what the module gives: an overlay project, not a read-only one" = {
+    "the VM test's script checks what the module gives: an overlay project, not a read-only one, and two replicas over HTTP" = {
       expr = {
         overlay = builtins.match ".*copy-on-write overlay.*changes.*test -e /srv/project/new.*" vmTest.testScript != null;
         readOnly = builtins.match ".*Read-only file system.*" vmTest.testScript != null;
@@ -406,11 +406,20 @@ let
         projectPath = vmMachine.programs.nix-sandbox-mcp.settings.project.path;
         # The module's default mode is the daemon's: overlay.
         modeSet = vmMachine.programs.nix-sandbox-mcp.settings.project ? mode;
+        replicas = builtins.match ".*8765, \"r1\"[)], [(]8766, \"r2\".*" vmTest.testScript != null;
+        http = vmMachine.services.nix-sandbox-mcp.http;
       };
       expected = {
         overlay = true;
         readOnly = false;
-        subtests = 7;
+        subtests = 8;
+        replicas = true;
+        http = {
+          enable = true;
+          listen = "127.0.0.1:8765";
+          replicas = 2;
+          socketActivation = true;
+        };
         projectPath = "/srv/project";
         modeSet = false;
       };

@@ -85,6 +85,9 @@ pub struct OAuth {
     skew: u64,
     keys: tokio::sync::Mutex<Option<Keys>>,
     tls: Arc<tokio_rustls::rustls::ClientConfig>,
+    /// Where the metadata is, and the paths it is served at (made once).
+    metadata_url: String,
+    metadata_paths: [String; 2],
 }
 
 impl std::fmt::Debug for OAuth {
@@ -96,8 +99,29 @@ impl std::fmt::Debug for OAuth {
     }
 }
 
+/// Where the metadata of `resource` is: its origin, the well-known name,
+/// then the resource's path (RFC 9728 §3.1); and the paths it is served at
+/// (that one, and the well-known name alone).
+fn metadata_location(resource: &str) -> (String, [String; 2]) {
+    let uri: http::Uri = resource.parse().expect("checked when the config was read");
+    let path = format!(
+        "/.well-known/oauth-protected-resource{}",
+        uri.path().trim_end_matches('/')
+    );
+    let url = format!(
+        "{}://{}{path}",
+        uri.scheme_str().unwrap_or("https"),
+        uri.authority().map(|a| a.as_str()).unwrap_or_default()
+    );
+    (
+        url,
+        ["/.well-known/oauth-protected-resource".to_string(), path],
+    )
+}
+
 impl OAuth {
     pub fn new(settings: &OAuthSettings, resource: &str) -> OAuth {
+        let (metadata_url, metadata_paths) = metadata_location(resource);
         OAuth {
             issuer: settings.issuer.clone(),
             audience: settings
@@ -109,6 +133,8 @@ impl OAuth {
             skew: settings.clock_skew_seconds.unwrap_or(60),
             keys: tokio::sync::Mutex::new(None),
             tls: Arc::new(client_tls()),
+            metadata_url,
+            metadata_paths,
         }
     }
 
@@ -125,29 +151,14 @@ impl OAuth {
         })
     }
 
-    /// Where the metadata is: the resource's origin, the well-known
-    /// name, then the resource's path (RFC 9728 §3.1).
-    pub fn resource_metadata_url(&self) -> String {
-        let uri: http::Uri = self
-            .resource
-            .parse()
-            .expect("checked when the config was read");
-        let path = uri.path().trim_end_matches('/');
-        format!(
-            "{}://{}/.well-known/oauth-protected-resource{path}",
-            uri.scheme_str().unwrap_or("https"),
-            uri.authority().map(|a| a.as_str()).unwrap_or_default()
-        )
+    /// Where the metadata is (see [`metadata_location`]).
+    pub fn resource_metadata_url(&self) -> &str {
+        &self.metadata_url
     }
 
     /// The paths the metadata is served at.
-    pub fn resource_metadata_paths(&self) -> [String; 2] {
-        let url = self.resource_metadata_url();
-        let uri: http::Uri = url.parse().expect("made from a URI");
-        [
-            "/.well-known/oauth-protected-resource".to_string(),
-            uri.path().to_string(),
-        ]
+    pub fn resource_metadata_paths(&self) -> &[String; 2] {
+        &self.metadata_paths
     }
 
     /// Checks `token`; with it accepted, its subject and scopes.
