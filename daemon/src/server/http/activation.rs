@@ -80,7 +80,6 @@ pub fn take() -> Result<Inherited, ActivationError> {
     // it is borrowed here: no other part of the server owns it until it is
     // taken below.
     let passed = unsafe { BorrowedFd::borrow_raw(FIRST_FD) };
-    let unusable = |e: rustix::io::Errno| ActivationError::Unusable(e.to_string());
     // Checked before it is taken, so that a descriptor that is not the
     // socket is never closed by us.
     if rustix::net::sockopt::socket_type(passed).map_err(unusable)?
@@ -100,9 +99,13 @@ pub fn take() -> Result<Inherited, ActivationError> {
     Ok(Inherited { address, socket })
 }
 
+/// A system call on the passed descriptor failed.
+fn unusable(e: rustix::io::Errno) -> ActivationError {
+    ActivationError::Unusable(e.to_string())
+}
+
 fn address_of(socket: impl AsFd) -> Result<Address, ActivationError> {
-    let local =
-        rustix::net::getsockname(socket).map_err(|e| ActivationError::Unusable(e.to_string()))?;
+    let local = rustix::net::getsockname(socket).map_err(unusable)?;
     if let Ok(tcp) = std::net::SocketAddr::try_from(local.clone()) {
         return Ok(Address::Tcp(tcp));
     }
