@@ -128,17 +128,28 @@ tier_ran "TypeScript SDK client"
 # limits then fall back to rlimits. Run the load, hostile and session suites
 # that way too (as root, in a throwaway user).
 if [ "$(id -u)" = 0 ]; then
-  step "MCP client suite as a non-root user (basics, load, hostile code and projects, lifetime, sessions, network, project, builds and caches, roots, closures, pre-started interpreters)"
+  step "MCP client suite as a non-root user (basics, load, hostile code and projects, lifetime, sessions, network, project, builds and caches, roots, closures, pre-started interpreters, credentials)"
   user=nsm-tester
   id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
   user_log=$(mktemp)
   chmod 666 "$user_log"
   cleanup+=("$user_log")
+  # A cargo the user can run (rustup's is under root's home), for the
+  # private-registry test of test_credentials.py.
+  user_cargo=""
+  if real_cargo=$(rustup which cargo 2>/dev/null); then
+    user_cargo=$(mktemp)
+    install -m 0755 "$real_cargo" "$user_cargo"
+    cleanup+=("$user_cargo")
+  fi
   for protocol in 2025-11-25 2026-07-28; do
     su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_PROTOCOL=$protocol NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_load.py test_hostile.py test_hostile_project.py test_lifetime.py test_switches.py test_containers.py test_root_project.py test_sessions.py test_network.py test_project.py test_project_builds.py test_roots.py test_closures.py test_warm.py test_commands.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
     grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, $protocol): |" >>"$skip_log" || true
     tier_ran "MCP suite as $user (rlimits), protocol $protocol"
   done
+  su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_CARGO='$user_cargo' NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_credentials.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
+  grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, credentials): |" >>"$skip_log" || true
+  tier_ran "credentials through the proxy as $user"
   su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py test_http.py test_http_principals.py test_http_oauth.py test_fleet.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
   grep -E '^SKIPPED ' "$user_log" | sed "s|^|tests/mcp ($user, http, 2026-07-28): |" >>"$skip_log" || true
   su "$user" -s /bin/bash -c "cd '$root/tests/mcp' && PYTHONDONTWRITEBYTECODE=1 NSM_TRANSPORT=http NSM_AUTH=oauth NSM_PROTOCOL=2026-07-28 NSM_BIN='$bin' NSM_MODE=host '$venv/bin/python' -m pytest -rs test_basic.py 2>&1 | tee '$user_log'; exit \${PIPESTATUS[0]}"
@@ -213,7 +224,7 @@ if NIX_SANDBOX_TEST_CONFIRM_TTL_MS=never "$bin" envs >/dev/null 2>&1; then
   echo "the test build ignored a malformed NIX_SANDBOX_TEST_CONFIRM_TTL_MS" >&2
   exit 1
 fi
-python3 bench/speed.py --check
+"$venv/bin/python" bench/speed.py --check
 tier_ran "speed gate (and no test knobs in the release)"
 
 printf '\n==> summary (%ss)\n' "$((SECONDS - start))"

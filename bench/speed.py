@@ -18,6 +18,9 @@ the gate that fails a build whose speed regressed:
                      against stdio, and the memory of 1,000 idle
                      authenticated connections
   first_result.py    from starting the server to its first run's result
+  credentials.py     a 100 MiB download from a host with a credential (the
+                     proxy ends TLS and adds the header) against a plain
+                     tunnel
   syscalls.py        what the sandbox adds to each system call its
                      programs make
 
@@ -57,6 +60,7 @@ sys.path.insert(0, str(HERE))
 
 import bench  # noqa: E402
 import closure_calls  # noqa: E402
+import credentials  # noqa: E402
 import first_result  # noqa: E402
 import session_bench  # noqa: E402
 import streamable_http  # noqa: E402
@@ -76,6 +80,7 @@ def full(binary: str, quick: bool) -> list[tuple[str, dict]]:
         ("sustained load, python", sustained.measure(binary, "python", [1, 2, 4, 8], 2, q(2, 4))),
         ("Streamable HTTP against stdio", streamable_http.measure(binary, [1, 8, 32], 2, q(2, 4), 1000, balanced=True)),
         ("time to first result", first_result.measure(binary, q(5, 15))),
+        ("credentials through the proxy", credentials.measure(binary, q(3, 9), 100)),
         ("the cost of a system call", syscalls.measure(binary, q(3, 9), 200_000)),
     ]
 
@@ -90,6 +95,7 @@ def short(binary: str) -> list[tuple[str, dict]]:
         ("sustained load, bash", sustained.measure(binary, "bash", [2], 2, 2, rlimits=False)),
         ("Streamable HTTP against stdio", streamable_http.measure(binary, [8], 2, 2, 1000)),
         ("time to first result", first_result.measure(binary, 3)),
+        ("credentials through the proxy", credentials.measure(binary, 5, 100)),
     ]
 
 

@@ -50,6 +50,10 @@ pub enum StartError {
     Project(String),
     #[error("cannot open the audit log {path}: {error}")]
     Audit { path: String, error: std::io::Error },
+    #[error("the proxy's certificate authority: {0}")]
+    Authority(#[from] crate::network::CaError),
+    #[error("credentials: {0}")]
+    Credentials(String),
     #[error("no environment is available:\n  {}\n  fix: install bash, python3 or node, or configure environments (see `nix-sandbox-mcp --help`)", .0.join("\n  "))]
     NoEnvironments(Vec<String>),
 }
@@ -88,6 +92,7 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
         None => None,
     };
     let executor = executor_for(&config, opts.prestart)?;
+    check_credentials(&config, executor.platform())?;
     if !opts.quick {
         self_test(&executor).await?;
     }
@@ -178,6 +183,7 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
         .memory_budget_mb
         .map_or_else(crate::exec::default_budget_mib, |m| m.0);
     let resolver = resolver(config)?;
+    let interceptor = interceptor(config, &platform)?;
     Ok(Executor::new(
         Arc::new(platform),
         enforcer,
@@ -187,9 +193,125 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
             prestart: if prestart { max_running } else { 0 },
             memory_budget_mib,
         },
-        crate::network::Proxy::new(resolver),
+        crate::network::Proxy::new(resolver, interceptor),
         knobs.switches,
     ))
+}
+
+/// The policies of the operator's configuration: its environments' and
+/// its commands' (the only ones that may hold credentials).
+fn configured_policies(config: &Config) -> impl Iterator<Item = &crate::network::Policy> {
+    let envs = config.environments.iter().flat_map(|m| m.values());
+    envs.filter_map(|e| e.network.as_ref()?.policy())
+        .chain(config.commands.values().filter_map(|c| c.network.policy()))
+}
+
+/// The hosts the configuration's credentials and request rules name, each once.
+pub fn interception_hosts(config: &Config) -> Vec<String> {
+    let mut hosts: Vec<String> = configured_policies(config)
+        .flat_map(|p| p.interception.hosts())
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    hosts
+}
+
+/// The proxy's certificate authority, when some environment or command
+/// has credentials or request rules; what sandboxes trust then goes into
+/// the `/etc` they see.
+fn interceptor(
+    config: &Config,
+    platform: &Platform,
+) -> Result<Option<crate::network::Interceptor>, StartError> {
+    let hosts = interception_hosts(config);
+    if hosts.is_empty() {
+        return Ok(None);
+    }
+    trust_for_tests(config)?;
+    let authority =
+        crate::network::Authority::open(&crate::network::Authority::default_dir(), &hosts)?;
+    let interceptor = crate::network::Interceptor::new(authority);
+    platform
+        .add_etc_file(crate::network::CA_BUNDLE, &interceptor.bundle_pem())
+        .map_err(|e| {
+            StartError::Credentials(format!(
+                "cannot write the sandboxes' certificate bundle: {e}"
+            ))
+        })?;
+    Ok(Some(interceptor))
+}
+
+/// Reads every credential's value once, and refuses one a sandbox could
+/// read: a file in a directory sandboxes see, or a variable
+/// `[project.inherit_env]` passes to them.
+fn check_credentials(config: &Config, platform: &Platform) -> Result<(), StartError> {
+    let inherited = config.project.inherit_names();
+    let layout = &platform.layout;
+    let seen: Vec<&Path> = layout
+        .system_dirs
+        .iter()
+        .chain(&layout.etc_host)
+        .chain(&layout.etc_network)
+        .map(PathBuf::as_path)
+        .collect();
+    for source in configured_policies(config).flat_map(|p| p.interception.sources()) {
+        if let Some(var) = source.variable()
+            && inherited.iter().any(|v| v == var)
+        {
+            return Err(StartError::Credentials(format!(
+                "{source} is also passed to sandboxes by [project.inherit_env]; a credential must never be readable in the sandbox: remove it from inherit_env"
+            )));
+        }
+        if let Some(file) = source.file() {
+            let real = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+            if let Some(dir) = seen.iter().find(|d| real.starts_with(d)) {
+                return Err(StartError::Credentials(format!(
+                    "{source} is under {}, which sandboxes see; keep credential files where no sandbox can read them (e.g. /run/secrets or ~/.config)",
+                    dir.display()
+                )));
+            }
+        }
+        source.load().map_err(StartError::Credentials)?;
+    }
+    Ok(())
+}
+
+/// Why `dir` cannot be a project: it holds a credential file.
+fn holds_credentials(config: &Config, dir: &Path) -> Option<String> {
+    configured_policies(config)
+        .flat_map(|p| p.interception.sources())
+        .find_map(|source| {
+            let file = source.file()?;
+            let real = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+            real.starts_with(dir).then(|| {
+                format!(
+                    "it holds {source}, which its sandboxes could read; keep credential files outside every project"
+                )
+            })
+        })
+}
+
+/// Trusts a test build's extra authorities (`NIX_SANDBOX_TEST_TRUST`).
+#[cfg(any(test, feature = "test-knobs"))]
+fn trust_for_tests(config: &Config) -> Result<(), StartError> {
+    use config::knobs::TEST_TRUST_VAR;
+    let Some(path) = &config.knobs.test.trust else {
+        return Ok(());
+    };
+    let n = crate::trust::trust_for_tests(path).map_err(|message| {
+        StartError::Config(config::ConfigError::Env {
+            name: TEST_TRUST_VAR,
+            value: path.display().to_string(),
+            message,
+        })
+    })?;
+    tracing::warn!("{TEST_TRUST_VAR} is set: {n} more certificate authorities are trusted");
+    Ok(())
+}
+
+#[cfg(not(any(test, feature = "test-knobs")))]
+fn trust_for_tests(_: &Config) -> Result<(), StartError> {
+    Ok(())
 }
 
 /// The proxy's resolver: the host's, except in a test build told otherwise.
@@ -440,6 +562,17 @@ pub fn project_at(
             origin.describe(),
             real.display()
         ));
+    }
+    if let Some(why) = holds_credentials(config, &real) {
+        let message = format!(
+            "{} {} cannot be the project: {why}",
+            origin.describe(),
+            real.display()
+        );
+        if explicit {
+            return Err(StartError::Project(message));
+        }
+        return skipped(message);
     }
     if rustix::process::geteuid().is_root() && !crate::platform::world_readable_dir(&real) {
         let message = format!(

@@ -16,6 +16,7 @@
 //! a run changed in the project), `caches` (directories kept between calls),
 //! `metrics` (what a fleet watches, at /metrics),
 //! `mountinfo` (the mount table), `sync` (locks that outlive a panic),
+//! `trust` (the certificate authorities the server's TLS clients trust),
 //! `userns` (what keeps a host from giving sandboxes user namespaces).
 
 pub mod app;
@@ -43,4 +44,5 @@ pub mod sessions;
 #[cfg(test)]
 mod skip;
 pub mod sync;
+pub mod trust;
 pub mod userns;

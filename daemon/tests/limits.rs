@@ -545,7 +545,8 @@ async fn rlimit_fallback_still_bounds_memory_and_processes() {
         prestart: 0,
         memory_budget_mib: 4096,
     };
-    let proxy = nix_sandbox_mcp::network::Proxy::new(nix_sandbox_mcp::network::Resolver::system());
+    let proxy =
+        nix_sandbox_mcp::network::Proxy::new(nix_sandbox_mcp::network::Resolver::system(), None);
     let executor = Executor::new(
         Arc::new(platform),
         enforcer,

@@ -125,7 +125,7 @@ fn start(entries: &[&str], bounds: Bounds, names: &[(&str, &str)]) -> Running {
     let addr = listener.local_addr().unwrap();
     let policy = Arc::new(Policy::from_entries(entries, bounds).unwrap());
     let record = RunRecord::new();
-    let serving = Proxy::new(resolver(names))
+    let serving = Proxy::new(resolver(names), None)
         .serve(listener, policy, record.clone())
         .unwrap();
     Running {
@@ -290,7 +290,7 @@ async fn a_name_not_on_the_list_gets_a_403_that_names_it() {
     );
     assert_eq!(up.hits.load(Ordering::SeqCst), 0);
     let report = p.record.report();
-    assert_eq!(report.denied_hosts(), vec!["denied.test".to_string()]);
+    assert_eq!(report.denied_subjects(), vec!["denied.test".to_string()]);
     assert_eq!(report.denied[0].rule, "not-on-allowlist");
     assert!(report.allowed.is_empty());
 }
@@ -309,7 +309,7 @@ async fn wildcards_reach_subdomains_only() {
         assert_eq!(r.status, status, "{host}: {}", r.body);
     }
     assert_eq!(
-        p.record.report().denied_hosts(),
+        p.record.report().denied_subjects(),
         vec!["badwild.test".to_string(), "wild.test".to_string()]
     );
 }
@@ -345,7 +345,7 @@ async fn a_listed_name_that_resolves_to_loopback_is_refused() {
     let open = Policy::any_public();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let _serving = Proxy::new(resolver(NAMES))
+    let _serving = Proxy::new(resolver(NAMES), None)
         .serve(listener, Arc::new(open), RunRecord::new())
         .unwrap();
     let r = get(addr, &format!("http://allowed.test:{}/", up.port)).await;
@@ -444,7 +444,7 @@ async fn connect_tunnels_bytes_both_ways_and_counts_them() {
         "{report:?}"
     );
     assert_eq!(report.allowed[0].host, "echo.test");
-    assert_eq!(report.denied_hosts(), vec!["denied.test".to_string()]);
+    assert_eq!(report.denied_subjects(), vec!["denied.test".to_string()]);
 }
 
 #[tokio::test]
@@ -863,7 +863,7 @@ async fn proxied(
         .expect("a listener in the jail's network namespace");
     let policy = Arc::new(Policy::from_entries(entries, Bounds::default()).unwrap());
     let record = RunRecord::new();
-    let serving = Proxy::new(resolver(names))
+    let serving = Proxy::new(resolver(names), None)
         .serve(listener, policy, record.clone())
         .unwrap();
     let ran = jail.run().await;
@@ -1012,7 +1012,7 @@ async fn a_jail_reaches_allowed_hosts_through_the_proxy_and_nothing_else() {
         r("direct_loopback")
     );
     let report = record.report();
-    assert_eq!(report.denied_hosts(), vec!["denied.test".to_string()]);
+    assert_eq!(report.denied_subjects(), vec!["denied.test".to_string()]);
     let reached: Vec<&str> = report.allowed.iter().map(|h| h.host.as_str()).collect();
     assert_eq!(reached, vec!["allowed.test", "echo.test"], "{report:?}");
 }
@@ -1072,7 +1072,7 @@ async fn curl_in_a_jail_follows_the_proxy_and_fails_without_it() {
         ran.stderr
     );
     assert_eq!(
-        record.report().denied_hosts(),
+        record.report().denied_subjects(),
         vec!["denied.test".to_string()]
     );
 }
@@ -1163,7 +1163,7 @@ async fn pip_downloads_from_an_allowed_index_only() {
     assert_ne!(exits.get(1), Some(&"0"), "{} / {}", ran.stdout, ran.stderr);
     // pip reports a 403 from an index as "no versions"; the record names the host.
     let report = record.report();
-    assert_eq!(report.denied_hosts(), vec!["denied.test".to_string()]);
+    assert_eq!(report.denied_subjects(), vec!["denied.test".to_string()]);
     assert!(
         report
             .allowed
@@ -1213,7 +1213,7 @@ async fn npm_reads_an_allowed_registry_only() {
     assert_ne!(exits.get(1), Some(&"0"), "{}", ran.stdout);
     assert!(ran.stdout.contains("403"), "{}", ran.stdout);
     assert_eq!(
-        record.report().denied_hosts(),
+        record.report().denied_subjects(),
         vec!["denied.test".to_string()]
     );
 }

@@ -261,6 +261,8 @@ in
         builtins.concatLists (
           util.mapAttrsToList (name: sub: [ name ] ++ names sub) (s.properties or { })
           ++ map names (builtins.attrValues (s.patternProperties or { }))
+          ++ map names (s.anyOf or [ ] ++ s.oneOf or [ ])
+          ++ (if s ? items then [ (names s.items) ] else [ ])
           ++ (if builtins.isAttrs (s.additionalProperties or null) then [ (names s.additionalProperties) ] else [ ])
         );
       tableNames = builtins.attrNames tables ++ [
@@ -275,7 +277,14 @@ in
     builtins.filter (n: !(builtins.elem n tableNames)) (util.unique (names json));
 
   # Checks a mkSandbox `network` argument: false, true, or { allow = [...]; }.
-  checkNetwork = key: value: checkValue key environmentSchema.properties.network value;
+  # Credentials and request rules are the server configuration's alone (an
+  # artifact may come from a project's flake); the daemon refuses them too.
+  checkNetwork =
+    key: value:
+    if builtins.isAttrs value && (value ? credentials || value ? requests) then
+      fail key "an artifact cannot hold credentials or request rules; the server's configuration sets them ([environments.NAME.network])"
+    else
+      checkValue key environmentSchema.properties.network value;
 
   # Checks a mkSandbox `limits` argument, which uses the `[defaults]` keys.
   checkLimits = key: value: checkTable "key" key tables.defaults value;

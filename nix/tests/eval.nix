@@ -176,6 +176,42 @@ let
       expr = (mkSandbox { name = "x"; interpreter = "bash"; limits.output_bytes = 10; }).manifestTemplate;
       throws = "mkSandbox x: limits.output_bytes: expected an integer between 256 and 16777216, got 10";
     };
+    "mkSandbox refuses credentials, which only the server's configuration may hold" = {
+      expr = (mkSandbox {
+        name = "x";
+        interpreter = "bash";
+        network = {
+          allow = [ "api.github.com" ];
+          credentials = [ { host = "api.github.com"; value_from.file = "/home/u/.ssh/id_ed25519"; } ];
+        };
+      }).manifestTemplate;
+      throws = "mkSandbox x: network: an artifact cannot hold credentials or request rules";
+    };
+    "a server configuration's credentials pass the schema" = {
+      expr = builtins.isAttrs (lib'.planServer {
+        environments.gh = {
+          preset = "bash";
+          network = {
+            allow = [ "api.github.com" ];
+            credentials = [ { host = "api.github.com"; scheme = "Bearer"; value_from.env = "GH_TOKEN"; methods = [ "GET" ]; } ];
+            requests = [ { host = "api.github.com"; paths = [ "/repos/" ]; action = "allow"; } ];
+          };
+        };
+      });
+      expected = true;
+    };
+    "a credential with an unknown source is refused with the key" = {
+      expr = lib'.planServer {
+        environments.gh = {
+          preset = "bash";
+          network = {
+            allow = [ "api.github.com" ];
+            credentials = [ { host = "api.github.com"; value_from.url = "https://x"; } ];
+          };
+        };
+      };
+      throws = "environments.gh.network";
+    };
     "mkSandbox refuses a network that is neither a switch nor an allowlist" = {
       expr = (mkSandbox { name = "x"; interpreter = "bash"; network = "yes"; }).manifestTemplate;
       throws = "mkSandbox x: network: expected false, true, or a table such as { allow";

@@ -26,7 +26,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
                 let l = &e.limits;
                 serde_json::json!({
                     "name": e.name, "description": e.description, "source": e.origin.to_string(),
-                    "interpreter": e.interpreter, "network": e.network.policy().map(|p| p.summary()), "tools": e.tools,
+                    "interpreter": e.interpreter, "network": e.network.policy().map(|p| p.described()), "tools": e.tools,
                     "caches": e.caches.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(), "cache_mb": e.cache_bytes >> 20,
                     "limits": {
                         "timeout_ms": l.timeout.as_millis() as u64, "memory_mb": l.memory_bytes >> 20, "pids": l.pids,
@@ -73,7 +73,7 @@ pub(super) async fn list_envs(opts: &StartOptions, json: bool) -> ExitCode {
                 "    network:     {}",
                 e.network.policy().map_or("off".to_string(), |p| format!(
                     "through the proxy to {}",
-                    p.summary()
+                    p.described()
                 ))
             );
             if !e.caches.is_empty() {
@@ -127,7 +127,7 @@ fn command_json(offered: &Offered) -> serde_json::Value {
     serde_json::json!({
         "name": c.name, "tool": offered.tool, "description": c.description, "env": c.env,
         "argv": c.template.declared(), "workdir": c.workdir, "danger": c.danger.as_str(), "confirm": c.confirm,
-        "network": c.network.policy().map(|p| p.summary()), "file": c.file,
+        "network": c.network.policy().map(|p| p.described()), "file": c.file,
         "params": c.params.iter().map(|p| serde_json::json!({"name": p.name, "type": p.kind.name(), "required": p.required, "schema": p.schema()})).collect::<Vec<_>>(),
     })
 }
@@ -147,7 +147,7 @@ fn command_text(offered: &Offered) -> String {
         how.push("asks the user first".into());
     }
     if let Some(p) = c.network.policy() {
-        how.push(format!("network to {}", p.summary()));
+        how.push(format!("network to {}", p.described()));
     }
     let _ = writeln!(
         text,

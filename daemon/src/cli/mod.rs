@@ -3,6 +3,7 @@
 //! Parses arguments with clap, sets up logging on stderr, and drives the
 //! other modules; holds no sandbox logic of its own.
 
+mod ca;
 mod caches;
 mod envs;
 mod run;
@@ -106,6 +107,9 @@ ENVIRONMENT
                        `flake` entries and the project's devShell).
     XDG_CACHE_HOME     Where environments' caches are kept (default ~/.cache;
                        /var/cache for root): nix-sandbox-mcp/caches/.
+    XDG_STATE_HOME     Where the proxy's certificate authority is kept, for
+                       hosts with credentials (default ~/.local/state; /var/lib
+                       for root): nix-sandbox-mcp/ca/ (see `ca --help`).
     TMPDIR             Where the server keeps its runtime directory,
                        nix-sandbox-mcp-*, removed when it exits (default /tmp);
                        one left by a killed server is removed by the next.
@@ -361,6 +365,18 @@ enum Command {
     /// Manage the bearer tokens of `serve --http`
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Show or replace the proxy's certificate authority
+    ///
+    /// For hosts with credentials or request rules ([environments.NAME.network]
+    /// credentials and requests), the proxy ends the sandbox's TLS with
+    /// certificates of an authority of its own, which may vouch only for the
+    /// hosts the configuration names (a name constraint). It is kept in $XDG_STATE_HOME/nix-sandbox-mcp/ca (~/.local/state/...;
+    /// /var/lib/nix-sandbox-mcp/ca for root), its key readable by the
+    /// server's user alone, and made at start when missing, when the
+    /// configuration names a host it does not cover, or 30 days before it
+    /// expires. docs/credentials.md has the rest.
+    #[command(subcommand)]
+    Ca(CaCommand),
     /// Print the JSON schema of the configuration file
     ///
     /// Editors and TOML tools can check a config.toml against it as it is
@@ -386,6 +402,18 @@ enum TokenCommand {
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum CaCommand {
+    /// Print where the authority is, whom it may vouch for and until when
+    Show,
+    /// Make a new authority for the hosts the configuration names
+    ///
+    /// The old key is replaced at once; servers running with it keep using
+    /// it until they restart, and sandboxes trust the new one from their
+    /// next start.
+    Rotate,
 }
 
 const SERVE_EXAMPLES: &str = "\
@@ -545,6 +573,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Some(Command::Token(TokenCommand::Add { name, file })) => {
             token_add(cli.config.as_deref(), &name, file)
         }
+        Some(Command::Ca(command)) => ca::ca(cli.config.as_deref(), command),
         Some(Command::Envs { json }) => envs::list_envs(&opts, json).await,
         Some(Command::Caches { clear, env, json }) => {
             caches::caches(cli.config.as_deref(), clear, env.as_deref(), json)

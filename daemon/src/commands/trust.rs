@@ -68,6 +68,13 @@ pub fn check(
         ))
     };
     if let Some(asked) = decl.network.policy() {
+        if !asked.interception.is_empty() {
+            return Err(source.diagnostic(
+                &[name, "network"],
+                "a project's commands file cannot hold credentials or request rules (it could point a credential at any file the server reads)".to_string(),
+                "remove `credentials` and `requests` from the project's file; the operator sets them in the configuration's [environments.NAME.network] or [commands.NAME] network".to_string(),
+            ));
+        }
         let bound = grant.network.as_ref().unwrap_or(&ceiling.network);
         let whose = if grant.network.is_some() {
             "the configuration's grant"

@@ -15,8 +15,10 @@
 //!
 //! Two more exist only in builds with the `test-knobs` feature (the test
 //! suites'), never in a release: `NIX_SANDBOX_TEST_RESOLVE` (the proxy's
-//! answers for names, instead of DNS) and `NIX_SANDBOX_TEST_CONFIRM_TTL_MS`
-//! (how long a confirmation token lives). See [`TestKnobs`].
+//! answers for names, instead of DNS), `NIX_SANDBOX_TEST_CONFIRM_TTL_MS`
+//! (how long a confirmation token lives) and `NIX_SANDBOX_TEST_TRUST` (a PEM
+//! file of certificate authorities trusted besides the system's). See
+//! [`TestKnobs`].
 
 use std::path::PathBuf;
 
@@ -113,12 +115,16 @@ pub struct TestKnobs {
     /// How long a confirmation token lives, and the longest a question
     /// to the user waits.
     pub confirm_ttl_ms: Option<u64>,
+    /// A PEM file of authorities the server trusts besides the system's.
+    pub trust: Option<PathBuf>,
 }
 
 #[cfg(any(test, feature = "test-knobs"))]
 pub const TEST_RESOLVE_VAR: &str = "NIX_SANDBOX_TEST_RESOLVE";
 #[cfg(any(test, feature = "test-knobs"))]
 pub const TEST_CONFIRM_TTL_VAR: &str = "NIX_SANDBOX_TEST_CONFIRM_TTL_MS";
+#[cfg(any(test, feature = "test-knobs"))]
+pub const TEST_TRUST_VAR: &str = "NIX_SANDBOX_TEST_TRUST";
 
 impl Knobs {
     /// The process's own variables.
@@ -189,6 +195,7 @@ impl Knobs {
             #[cfg(any(test, feature = "test-knobs"))]
             test: TestKnobs {
                 resolve: get(TEST_RESOLVE_VAR),
+                trust: get(TEST_TRUST_VAR).map(PathBuf::from),
                 confirm_ttl_ms: match get(TEST_CONFIRM_TTL_VAR) {
                     None => None,
                     Some(v) => {

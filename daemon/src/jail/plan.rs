@@ -346,9 +346,9 @@ fn vars(sandbox: &Sandbox) -> Vec<(String, Value)> {
     vars.extend(sandbox.inherited.iter().map(|(k, v)| text(k, v)));
     // The network, only through the server's proxy, which listens on the
     // sandbox's own loopback.
-    if env.network.policy().is_some() {
+    if let Some(policy) = env.network.policy() {
         vars.extend(
-            crate::network::proxy_env(crate::network::PROXY_PORT)
+            crate::network::sandbox_env(policy)
                 .into_iter()
                 .map(|(k, v)| (k, Value::Text(v))),
         );

@@ -19,6 +19,8 @@
 //! DNS.
 
 mod address;
+pub mod ca;
+mod credentials;
 pub mod entry;
 mod policy;
 pub mod proxy;
@@ -26,9 +28,11 @@ mod record;
 mod resolve;
 
 pub use address::{Refused, refused_range};
+pub use ca::{Authority, CaError};
+pub use credentials::{Interception, SecretSource};
 pub use entry::listen_in;
 pub use policy::{Bounds, Denial, Host, NetworkSetting, Policy, Rule};
-pub use proxy::{Proxy, Serving};
+pub use proxy::{Interceptor, Proxy, Serving};
 pub use record::{DeniedHost, HostTraffic, NetworkLimit, NetworkReport, RunRecord};
 pub use resolve::{Resolver, parse_fixed};
 
@@ -36,6 +40,40 @@ pub use resolve::{Resolver, parse_fixed};
 /// has its own network namespace, so one fixed port serves them all; 3128 is
 /// the port HTTP proxies traditionally use.
 pub const PROXY_PORT: u16 = 3128;
+
+/// Where a sandbox whose environment has credentials or request rules
+/// finds the certificates it trusts: the system's and the proxy's
+/// authority (the server writes it into the `/etc` sandboxes see).
+pub const CA_BUNDLE: &str = "/etc/ssl/nix-sandbox-mcp-ca.pem";
+
+/// The variables that point the common tools at [`CA_BUNDLE`]: OpenSSL
+/// (Python's ssl, git's default), curl, requests, pip, Node, npm (whose
+/// own connections ignore Node's), cargo, git and Nix each read one of them.
+pub const CA_VARIABLES: [&str; 9] = [
+    "SSL_CERT_FILE",
+    "CURL_CA_BUNDLE",
+    "NPM_CONFIG_CAFILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "NODE_EXTRA_CA_CERTS",
+    "CARGO_HTTP_CAINFO",
+    "GIT_SSL_CAINFO",
+    "NIX_SSL_CERT_FILE",
+];
+
+/// The proxy's variables for `policy`: [`proxy_env`], and for a policy
+/// that intercepts some host the [`CA_VARIABLES`].
+pub fn sandbox_env(policy: &Policy) -> Vec<(String, String)> {
+    let mut vars = proxy_env(PROXY_PORT);
+    if !policy.interception.is_empty() {
+        vars.extend(
+            CA_VARIABLES
+                .iter()
+                .map(|k| (k.to_string(), CA_BUNDLE.to_string())),
+        );
+    }
+    vars
+}
 
 /// Variables that point the sandbox's tools at the proxy. Both spellings,
 /// since tools disagree on which they read (curl ignores upper-case

@@ -36,6 +36,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, de::value::MapAccessDeserializer};
 
 use super::address::{Refused, refused_range};
+use super::credentials::{CredentialTable, Interception, RequestRefusal, RequestTable};
 
 /// Connections a run may have open through the proxy at once, by default.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 32;
@@ -69,6 +70,8 @@ pub struct Policy {
     /// In the order written (the summary shows them so).
     rules: Vec<Rule>,
     pub bounds: Bounds,
+    /// Credentials added and rules on requests, for the hosts they name.
+    pub interception: Interception,
 }
 
 /// One allowlist entry.
@@ -82,6 +85,22 @@ pub enum Rule {
     Suffix(String),
     /// An address or range, reachable even where the filter refuses.
     Addresses(IpNet),
+}
+
+impl Rule {
+    /// Whether a host name (normalised) matches this entry.
+    pub fn matches_name(&self, name: &str) -> bool {
+        match self {
+            Rule::AnyName => true,
+            Rule::Name(n) => n == name,
+            Rule::Suffix(s) => {
+                name.len() > s.len() + 1
+                    && name.ends_with(s.as_str())
+                    && name.as_bytes()[name.len() - s.len() - 1] == b'.'
+            }
+            Rule::Addresses(_) => false,
+        }
+    }
 }
 
 impl fmt::Display for Rule {
@@ -170,12 +189,21 @@ pub enum Denial {
         addr: IpAddr,
         refused: Refused,
     },
+    /// A request to an intercepted host that its rules refuse.
+    Request {
+        host: Host,
+        method: String,
+        path: String,
+        refusal: RequestRefusal,
+    },
 }
 
 impl Denial {
     pub fn host(&self) -> &Host {
         match self {
-            Denial::NotListed { host, .. } | Denial::Address { host, .. } => host,
+            Denial::NotListed { host, .. }
+            | Denial::Address { host, .. }
+            | Denial::Request { host, .. } => host,
         }
     }
 
@@ -184,14 +212,43 @@ impl Denial {
         match self {
             Denial::NotListed { .. } => "not-on-allowlist",
             Denial::Address { .. } => "refused-address",
+            Denial::Request { .. } => "request-rule",
         }
     }
 
-    /// What to add to the allowlist to let this through.
-    pub fn remedy(&self) -> String {
+    /// How the result lists what was refused: the host, or for a request
+    /// the method, host and path ("POST api.example.com/v1/x").
+    pub fn subject(&self) -> String {
         match self {
-            Denial::NotListed { host, .. } => format!("\"{host}\""),
-            Denial::Address { refused, .. } => format!("\"{}\"", refused.range),
+            Denial::Request {
+                host, method, path, ..
+            } => format!("{method} {host}{path}"),
+            other => other.host().to_string(),
+        }
+    }
+
+    /// What would let this through.
+    pub fn remedy(&self) -> String {
+        let listed = |entry: String| {
+            format!(
+                "To allow it, add \"{entry}\" to this environment's network allowlist \
+                 (network = {{ allow = [...] }} in the server's configuration)"
+            )
+        };
+        match self {
+            Denial::NotListed { host, .. } => listed(host.to_string()),
+            Denial::Address { refused, .. } => listed(refused.range.to_string()),
+            Denial::Request {
+                refusal:
+                    RequestRefusal::OtherHost(_) | RequestRefusal::OtherName(_) | RequestRefusal::Tunnel,
+                ..
+            } => "Send requests for another host on a connection to that host (clients do \
+                  this for each URL on their own)"
+                .to_string(),
+            Denial::Request { host, .. } => format!(
+                "Only the user can change the request rules for {host} (the environment's \
+                 network requests in the server's configuration)"
+            ),
         }
     }
 }
@@ -230,6 +287,15 @@ impl fmt::Display for Denial {
                      addresses unless the allowlist names the range"
                 )
             }
+            Denial::Request {
+                host,
+                method,
+                path,
+                refusal,
+            } => write!(
+                f,
+                "{method} {path} on {host} is refused by this environment's request rules: {refusal}"
+            ),
         }
     }
 }
@@ -240,6 +306,7 @@ impl Policy {
         Policy {
             rules: vec![Rule::AnyName],
             bounds: Bounds::default(),
+            interception: Interception::default(),
         }
     }
 
@@ -252,7 +319,11 @@ impl Policy {
                 rules.push(rule);
             }
         }
-        Ok(Policy { rules, bounds })
+        Ok(Policy {
+            rules,
+            bounds,
+            interception: Interception::default(),
+        })
     }
 
     pub fn rules(&self) -> &[Rule] {
@@ -275,23 +346,30 @@ impl Policy {
             .join(", ")
     }
 
+    /// The summary, and the hosts the proxy adds credentials for or holds
+    /// to request rules: what the agent reads about an environment.
+    pub fn described(&self) -> String {
+        let mut text = self.summary();
+        let credentials = self.interception.credential_hosts();
+        if !credentials.is_empty() {
+            text += &format!(
+                "; the proxy adds credentials for {} (the sandbox holds none)",
+                credentials.join(", ")
+            );
+        }
+        let ruled = self.interception.ruled_hosts();
+        if !ruled.is_empty() {
+            text += &format!("; requests to {} are limited by rules", ruled.join(", "));
+        }
+        text
+    }
+
     /// What of this policy `bound` does not allow: the first entry no
     /// entry of `bound` covers, or a per-run bound above `bound`'s; `None`
     /// when this policy is within it (a declared command of the project
     /// may never reach further than the operator lets it).
     pub fn exceeds(&self, bound: &Policy) -> Option<String> {
-        let covered = |rule: &Rule| {
-            bound.rules.iter().any(|b| match (rule, b) {
-                (_, Rule::AnyName) => !matches!(rule, Rule::Addresses(_)),
-                (Rule::Name(n), _) => bound.admits(&Host::Name(n.clone())).is_ok(),
-                (Rule::Suffix(s), Rule::Suffix(t)) => {
-                    s == t || (s.len() > t.len() + 1 && s.ends_with(&format!(".{t}")))
-                }
-                (Rule::Addresses(net), Rule::Addresses(b)) => b.contains(net),
-                _ => false,
-            })
-        };
-        if let Some(rule) = self.rules.iter().find(|r| !covered(r)) {
+        if let Some(rule) = self.rules.iter().find(|r| !bound.covers(r)) {
             return Some(match rule {
                 Rule::AnyName => "any public host".to_string(),
                 r => r.to_string(),
@@ -314,19 +392,29 @@ impl Policy {
         None
     }
 
+    /// Whether every host `rule` matches is one this policy lists.
+    fn covers(&self, rule: &Rule) -> bool {
+        self.rules.iter().any(|b| match (rule, b) {
+            (_, Rule::AnyName) => !matches!(rule, Rule::Addresses(_)),
+            (Rule::Name(n), _) => self.admits(&Host::Name(n.clone())).is_ok(),
+            (Rule::Suffix(s), Rule::Suffix(t)) => {
+                s == t || (s.len() > t.len() + 1 && s.ends_with(&format!(".{t}")))
+            }
+            (Rule::Addresses(net), Rule::Addresses(b)) => b.contains(net),
+            _ => false,
+        })
+    }
+
+    /// Whether requests to `host` are looked at one by one (it has
+    /// credentials or request rules).
+    pub fn intercepts(&self, host: &Host) -> bool {
+        matches!(host, Host::Name(n) if self.interception.intercepts(n))
+    }
+
     /// First step: may a request for `host` go ahead (to resolution)?
     pub fn admits(&self, host: &Host) -> Result<(), Denial> {
         let listed = match host {
-            Host::Name(name) => self.rules.iter().any(|r| match r {
-                Rule::AnyName => true,
-                Rule::Name(n) => n == name,
-                Rule::Suffix(s) => {
-                    name.len() > s.len() + 1
-                        && name.ends_with(s.as_str())
-                        && name.as_bytes()[name.len() - s.len() - 1] == b'.'
-                }
-                Rule::Addresses(_) => false,
-            }),
+            Host::Name(name) => self.rules.iter().any(|r| r.matches_name(name)),
             Host::Ip(ip) if self.lists_address(*ip) => true,
             Host::Ip(ip) if self.rules.contains(&Rule::AnyName) => {
                 return self.check_addresses(host, &[*ip]);
@@ -423,6 +511,19 @@ fn parse_entry(entry: &str) -> Result<Rule, String> {
         .or_else(|why| problem(&why))
 }
 
+/// A host name or `*.suffix`, as credentials and request rules name hosts
+/// (the proxy presents a certificate for the name, so never an address).
+pub(super) fn parse_host_pattern(entry: &str) -> Result<Rule, String> {
+    match parse_entry(entry)? {
+        Rule::Addresses(_) => Err(format!(
+            "{entry:?}: name a host, not an address (the proxy shows the sandbox a certificate \
+             for the host's name)"
+        )),
+        Rule::AnyName => Err("name a host or \"*.suffix\", not every host".to_string()),
+        rule => Ok(rule),
+    }
+}
+
 /// An IPv4-mapped IPv6 range as the IPv4 range it is, so it matches the
 /// canonical addresses the proxy checks.
 fn canonical_net(net: IpNet) -> IpNet {
@@ -499,6 +600,16 @@ struct AllowTable {
     /// MiB a run may move through the proxy, both ways together (default 1024).
     #[schemars(range(min = 1, max = 1_048_576))]
     transfer_mb: Option<u64>,
+    /// Headers the proxy adds to requests for a host, with values the
+    /// sandbox never sees (the proxy ends TLS for that host with its own
+    /// certificate authority, which the sandbox trusts).
+    #[serde(default)]
+    credentials: Vec<CredentialTable>,
+    /// Which requests to a host pass, by method and path prefix: each
+    /// host's first matching rule decides, and a request none matches is
+    /// refused (the proxy ends TLS for that host too).
+    #[serde(default)]
+    requests: Vec<RequestTable>,
 }
 
 impl AllowTable {
@@ -527,7 +638,10 @@ impl AllowTable {
                     .to_string(),
             );
         }
-        Policy::from_entries(&self.allow, bounds)
+        let mut policy = Policy::from_entries(&self.allow, bounds)?;
+        policy.interception =
+            Interception::from_tables(self.credentials, self.requests, |r| policy.covers(r))?;
+        Ok(policy)
     }
 }
 

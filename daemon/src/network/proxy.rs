@@ -53,7 +53,9 @@ use super::record::{NetworkLimit, RunRecord};
 use super::resolve::Resolver;
 
 mod flow;
+mod intercept;
 use flow::{Direction, Flow, Metered, tunnel};
+pub use intercept::Interceptor;
 
 /// Largest request or response head (start line and headers), in bytes.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -73,6 +75,8 @@ type ProxyBody = BoxBody<Bytes, BoxError>;
 #[derive(Debug, Clone, Default)]
 pub struct Proxy {
     resolver: Resolver,
+    /// For hosts with credentials or request rules, when any has them.
+    interceptor: Option<Arc<Interceptor>>,
 }
 
 /// A proxy serving one sandbox. Dropping it stops the proxy: the listener
@@ -89,8 +93,11 @@ impl Drop for Serving {
 }
 
 impl Proxy {
-    pub fn new(resolver: Resolver) -> Proxy {
-        Proxy { resolver }
+    pub fn new(resolver: Resolver, interceptor: Option<Interceptor>) -> Proxy {
+        Proxy {
+            resolver,
+            interceptor: interceptor.map(Arc::new),
+        }
     }
 
     /// Serves `listener` under `policy` until the returned value is dropped,
@@ -117,6 +124,7 @@ impl Proxy {
             policy,
             record,
             resolver: self.resolver.clone(),
+            interceptor: self.interceptor.clone(),
             stop: stop.clone(),
             slots: Arc::new(Semaphore::new(slots)),
             refusals: Arc::new(Semaphore::new(slots)),
@@ -132,6 +140,7 @@ struct Run {
     policy: Arc<Policy>,
     record: RunRecord,
     resolver: Resolver,
+    interceptor: Option<Arc<Interceptor>>,
     stop: CancellationToken,
     /// Connections served.
     slots: Arc<Semaphore>,
@@ -243,18 +252,33 @@ async fn handle(
         Ok(t) => t,
         Err(message) => return bad_request(message),
     };
+    let intercepted = run.policy.intercepts(&target.host);
+    if intercepted && run.interceptor.is_none() {
+        return text(
+            StatusCode::BAD_GATEWAY,
+            "proxy_internal_error",
+            format!(
+                "{NAME} proxy: {target} has credentials or request rules, but the proxy has no certificate authority"
+            ),
+        );
+    }
     let upstream = match open(&run, &target).await {
         Ok(s) => s,
         Err(refusal) => return refusal.respond(&run, &target),
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
-    let flow = Flow::new(&run, &target);
     let tunnel_run = run.clone();
     run.spawn(async move {
         let _slot = slot;
-        match on_upgrade.await {
-            Ok(client) => tunnel(TokioIo::new(client), upstream, flow, &tunnel_run).await,
-            Err(e) => tracing::debug!("proxy upgrade: {e}"),
+        let client = match on_upgrade.await {
+            Ok(client) => client,
+            Err(e) => return tracing::debug!("proxy upgrade: {e}"),
+        };
+        if intercepted {
+            intercept::serve(client, upstream, target, tunnel_run).await;
+        } else {
+            let flow = Flow::new(&tunnel_run, &target);
+            tunnel(TokioIo::new(client), upstream, flow, &tunnel_run).await;
         }
     });
     Response::new(Empty::new().map_err(|never| match never {}).boxed())
@@ -337,12 +361,10 @@ impl Refusal {
                 tracing::debug!("proxy denied {target}: {denial}");
                 let error = match denial {
                     Denial::Address { .. } => "destination_ip_prohibited",
-                    Denial::NotListed { .. } => "http_request_denied",
+                    Denial::NotListed { .. } | Denial::Request { .. } => "http_request_denied",
                 };
                 let body = format!(
-                    "{NAME} proxy: access to {target} denied.\n{denial}.\nTo allow it, add {} \
-                     to this environment's network allowlist (network = {{ allow = [...] }} in \
-                     the server's configuration).\n",
+                    "{NAME} proxy: access to {target} denied.\n{denial}.\n{}.\n",
                     denial.remedy()
                 );
                 return text(
@@ -427,6 +449,21 @@ async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
         Ok(t) => t,
         Err(message) => return bad_request(message),
     };
+    // Plain HTTP never carries credentials; request rules still hold.
+    if let Host::Name(name) = &target.host
+        && let Err(refusal) = run
+            .policy
+            .interception
+            .decide(name, req.method(), req.uri().path())
+    {
+        let denial = Denial::Request {
+            host: target.host.clone(),
+            method: req.method().to_string(),
+            path: req.uri().path().chars().take(200).collect(),
+            refusal,
+        };
+        return Refusal::Denied(denial).respond(&run, &target);
+    }
     let upstream = match open(&run, &target).await {
         Ok(s) => s,
         Err(refusal) => return refusal.respond(&run, &target),

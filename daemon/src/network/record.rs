@@ -35,16 +35,31 @@ pub struct HostTraffic {
     pub bytes_received: u64,
 }
 
-/// A host the policy refused.
+/// A host the policy refused, or a request its rules refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeniedHost {
     pub host: String,
     pub port: u16,
-    /// `not-on-allowlist` or `refused-address`.
+    /// For a refused request: its method and path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// `not-on-allowlist`, `refused-address` or `request-rule`.
     pub rule: &'static str,
     /// The full reason, as in the 403 body.
     pub reason: String,
     pub attempts: u64,
+}
+
+impl DeniedHost {
+    /// The host, or for a refused request "METHOD host/path".
+    pub fn subject(&self) -> String {
+        match (&self.method, &self.path) {
+            (Some(method), Some(path)) => format!("{method} {}{path}", self.host),
+            _ => self.host.clone(),
+        }
+    }
 }
 
 /// A bound of the proxy that a run reached.
@@ -72,10 +87,11 @@ pub struct NetworkReport {
 }
 
 impl NetworkReport {
-    /// The denied host names, each once: what the agent asks the user to allow.
-    pub fn denied_hosts(&self) -> Vec<String> {
-        let set: BTreeSet<&str> = self.denied.iter().map(|d| d.host.as_str()).collect();
-        set.into_iter().map(str::to_string).collect()
+    /// What was refused, each once: the host names (what the agent asks
+    /// the user to allow), and refused requests as "METHOD host/path".
+    pub fn denied_subjects(&self) -> Vec<String> {
+        let set: BTreeSet<String> = self.denied.iter().map(DeniedHost::subject).collect();
+        set.into_iter().collect()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -99,6 +115,7 @@ struct Shared {
 #[derive(Debug, Default)]
 struct Tally {
     allowed: BTreeMap<(String, u16), HostTraffic>,
+    /// By what was refused ([`Denial::subject`]) and port.
     denied: BTreeMap<(String, u16), DeniedHost>,
     unlisted_events: u64,
     connections: u64,
@@ -151,15 +168,21 @@ impl RunRecord {
 
     pub(super) fn denied(&self, denial: &Denial, port: u16) {
         let mut t = self.lock();
-        let key = (denial.host().to_string(), port);
+        let key = (denial.subject(), port);
         if let Some(d) = t.denied.get_mut(&key) {
             d.attempts += 1;
         } else if t.denied.len() < MAX_HOSTS {
+            let (method, path) = match denial {
+                Denial::Request { method, path, .. } => (Some(method.clone()), Some(path.clone())),
+                _ => (None, None),
+            };
             t.denied.insert(
-                key.clone(),
+                key,
                 DeniedHost {
-                    host: key.0,
+                    host: denial.host().to_string(),
                     port,
+                    method,
+                    path,
                     rule: denial.rule(),
                     reason: denial.to_string(),
                     attempts: 1,
@@ -252,7 +275,7 @@ mod tests {
         assert_eq!(rep.denied.len(), MAX_HOSTS);
         assert_eq!(rep.unlisted_events, 20);
         assert!(rep.denied.iter().all(|d| d.attempts == 2));
-        assert_eq!(rep.denied_hosts().len(), MAX_HOSTS);
+        assert_eq!(rep.denied_subjects().len(), MAX_HOSTS);
         assert_eq!(rep.allowed[0].bytes_received, 2000);
         assert_eq!((rep.bytes_sent, rep.bytes_received), (10, 2000));
     }

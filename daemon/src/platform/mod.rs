@@ -78,6 +78,26 @@ impl PlatformError {
 }
 
 impl Platform {
+    /// Adds a file to the `/etc` sandboxes see (`at` is its path there),
+    /// readable by every sandbox: never anything secret.
+    pub fn add_etc_file(&self, at: &str, text: &str) -> std::io::Result<()> {
+        let inside = Path::new(at)
+            .strip_prefix("/etc")
+            .map_err(|_| std::io::Error::other(format!("{at} is not under /etc")))?;
+        let target = self.layout.etc_dir.join(inside);
+        let mut dir = target.parent();
+        if let Some(parent) = dir {
+            fs::create_dir_all(parent)?;
+        }
+        fs::write(&target, text)?;
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o644))?;
+        while let Some(d) = dir.filter(|d| d.starts_with(&self.layout.etc_dir)) {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
+            dir = d.parent();
+        }
+        Ok(())
+    }
+
     /// Probes the host, with the bubblewrap `bwrap` when one is named
     /// (`NIX_SANDBOX_BWRAP`), else the first fit (see [`bwrap::choose`]).
     pub fn probe(bwrap: Option<&Path>) -> Result<Platform, PlatformError> {

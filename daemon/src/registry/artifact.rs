@@ -184,6 +184,18 @@ fn to_environment(
             ));
         }
     }
+    // A manifest may come from a project's flake: it names no credentials
+    // (it could point one at any file the server reads) and no request rules.
+    if m.network
+        .policy()
+        .is_some_and(|p| !p.interception.is_empty())
+    {
+        return Err(
+            "key `network`: an artifact cannot hold credentials or request rules; the server's \
+             configuration sets them ([environments.NAME.network])"
+                .to_string(),
+        );
+    }
     if m.interpreter.file_name.is_empty() || m.interpreter.file_name.contains('/') {
         return Err("key `interpreter.file_name`: must be a plain file name".to_string());
     }

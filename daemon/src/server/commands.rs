@@ -448,7 +448,7 @@ pub(super) fn question(commands: &Commands, offered: &Offered, inv: &ResolvedInv
         c.danger.as_str(),
         c.network
             .policy()
-            .map_or("off".to_string(), |p| p.summary())
+            .map_or("off".to_string(), |p| p.described())
     )
 }
 

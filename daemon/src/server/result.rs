@@ -2,6 +2,8 @@
 //! and the readable text block, for runs and for errors. Every error carries a
 //! stable code and a one-line suggestion of what to do next.
 
+use std::collections::BTreeSet;
+
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Map, Value, json};
 
@@ -369,7 +371,7 @@ pub(super) fn add_network(v: &mut Value, o: &Outcome) {
     let Some(report) = &o.network else {
         return;
     };
-    let denied = report.denied_hosts();
+    let denied = report.denied_subjects();
     if !denied.is_empty() {
         v["network_denied"] = json!(denied);
     }
@@ -389,14 +391,26 @@ fn network_text(o: &Outcome) -> String {
     let refused: Vec<String> = report
         .denied
         .iter()
-        .map(|d| format!("{}:{} ({})", d.host, d.port, d.reason))
+        .map(|d| format!("{}:{} ({})", d.subject(), d.port, d.reason))
         .collect();
-    let names = report.denied_hosts();
-    format!(
-        "network: refused {}\nto allow them, the user adds {} to the environment's network allowlist\n",
-        refused.join("; "),
-        names.join(", ")
-    )
+    let mut text = format!("network: refused {}\n", refused.join("; "));
+    let hosts: BTreeSet<&str> = report
+        .denied
+        .iter()
+        .filter(|d| d.method.is_none())
+        .map(|d| d.host.as_str())
+        .collect();
+    if !hosts.is_empty() {
+        let hosts: Vec<&str> = hosts.into_iter().collect();
+        text += &format!(
+            "to allow them, the user adds {} to the environment's network allowlist\n",
+            hosts.join(", ")
+        );
+    }
+    if report.denied.iter().any(|d| d.method.is_some()) {
+        text += "refused requests are the environment's request rules at work; only the user can change them\n";
+    }
+    text
 }
 
 /// CPU time and peak memory, where they were counted.

@@ -107,7 +107,7 @@ fn description(
             notes.push(format!("limit {}", timeout(e)));
         }
         if let Some(p) = e.network.policy() {
-            notes.push(format!("network: {}", p.summary()));
+            notes.push(format!("network: {}", p.described()));
         }
         let notes = if notes.is_empty() {
             String::new()

@@ -96,7 +96,10 @@ fn every_resolved_address_is_checked() {
         text.contains("mixed.test resolves to 127.0.0.1, a loopback address (127.0.0.0/8)"),
         "{text}"
     );
-    assert_eq!(err.remedy(), "\"127.0.0.0/8\"");
+    assert!(
+        err.remedy()
+            .starts_with("To allow it, add \"127.0.0.0/8\" to")
+    );
 }
 
 #[test]
@@ -126,7 +129,10 @@ fn denials_name_the_host_and_the_rule() {
         err.to_string(),
         "evil.example is not on this environment's network allowlist (allowed: pypi.org, *.pythonhosted.org)"
     );
-    assert_eq!(err.remedy(), "\"evil.example\"");
+    assert!(
+        err.remedy()
+            .starts_with("To allow it, add \"evil.example\" to")
+    );
     let err = p.admits(&name("1.2.3.4")).unwrap_err();
     assert!(err.to_string().starts_with("1.2.3.4 is an IP address"));
 }

@@ -132,7 +132,8 @@ impl OAuth {
             jwks_uri: settings.jwks_uri.clone(),
             skew: settings.clock_skew_seconds.unwrap_or(60),
             keys: tokio::sync::Mutex::new(None),
-            tls: Arc::new(client_tls()),
+            // TLS to the issuer, trusting the system's CA certificates.
+            tls: Arc::new(crate::trust::client_config(&[])),
             metadata_url,
             metadata_paths,
         }
@@ -380,26 +381,4 @@ where
         .send_request(request)
         .await
         .map_err(|e| e.to_string())
-}
-
-/// TLS to the issuer, trusting the system's CA certificates.
-fn client_tls() -> tokio_rustls::rustls::ClientConfig {
-    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-    let found = rustls_native_certs::load_native_certs();
-    for e in &found.errors {
-        tracing::debug!("a system CA certificate could not be read: {e}");
-    }
-    let (added, _) = roots.add_parsable_certificates(found.certs);
-    if added == 0 {
-        tracing::warn!(
-            "no system CA certificates were found: an https OAuth issuer cannot be reached (set SSL_CERT_FILE)"
-        );
-    }
-    tokio_rustls::rustls::ClientConfig::builder_with_provider(Arc::new(
-        tokio_rustls::rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("ring supports the default protocol versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth()
 }
