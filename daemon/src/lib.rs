@@ -17,6 +17,7 @@
 //! `metrics` (what a fleet watches, at /metrics),
 //! `mountinfo` (the mount table), `sync` (locks that outlive a panic),
 //! `trust` (the certificate authorities the server's TLS clients trust),
+//! `stamp` (whether a file changed, without reading it),
 //! `userns` (what keeps a host from giving sandboxes user namespaces).
 
 pub mod app;
@@ -43,6 +44,7 @@ pub mod server;
 pub mod sessions;
 #[cfg(test)]
 mod skip;
+mod stamp;
 pub mod sync;
 pub mod trust;
 pub mod userns;

@@ -275,29 +275,27 @@ def package_requests_all_carried_it(world: World, kind: str) -> None:
     assert seen and all(r["authorization"] and r["status"] < 400 for r in seen), seen
 
 
-def test_pip_installs_from_a_private_index(world):
-    code = (f"python3 -m pip install -q --disable-pip-version-check --no-cache-dir --target /workspace/site "
-            f"--index-url {world.packages.url('pypi')}simple/ nsm-demo && "
-            "PYTHONPATH=/workspace/site python3 -c 'import nsm_demo; print(nsm_demo.VALUE)'")
-
+def installs(world: World, kind: str, code: str) -> None:
+    """Runs `code` in the package environment; it prints the package's mark."""
     async def t(s):
         sc, text, err = await call(s, "pkg", code)
-        assert not err and PackageStandIns.MARKS["pypi"] in sc["stdout"], dump(sc)
+        assert not err and PackageStandIns.MARKS[kind] in sc["stdout"], dump(sc)
         no_trace(json.dumps(sc), text)
     with_server(world, t)
-    package_requests_all_carried_it(world, "pypi")
+    package_requests_all_carried_it(world, kind)
+
+
+def test_pip_installs_from_a_private_index(world):
+    installs(world, "pypi", (
+        f"python3 -m pip install -q --disable-pip-version-check --no-cache-dir --target /workspace/site "
+        f"--index-url {world.packages.url('pypi')}simple/ nsm-demo && "
+        "PYTHONPATH=/workspace/site python3 -c 'import nsm_demo; print(nsm_demo.VALUE)'"))
 
 
 def test_npm_installs_from_a_private_registry(world):
-    code = ("cd /workspace && npm install --no-audit --no-fund --no-update-notifier --cache /workspace/.npm "
-            f"--registry {world.packages.url('npm')} nsm-demo >/dev/null && node -p \"require('nsm-demo')\"")
-
-    async def t(s):
-        sc, text, err = await call(s, "pkg", code)
-        assert not err and PackageStandIns.MARKS["npm"] in sc["stdout"], dump(sc)
-        no_trace(json.dumps(sc), text)
-    with_server(world, t)
-    package_requests_all_carried_it(world, "npm")
+    installs(world, "npm", (
+        "cd /workspace && npm install --no-audit --no-fund --no-update-notifier --cache /workspace/.npm "
+        f"--registry {world.packages.url('npm')} nsm-demo >/dev/null && node -p \"require('nsm-demo')\""))
 
 
 def test_git_clones_a_private_repository_in_a_run_and_in_a_declared_command(world):

@@ -3,38 +3,17 @@
 //! sees the file appear, disappear, be replaced or edited in place), reloads
 //! the commands, and reports a change so the server can tell the client.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::Commands;
+use crate::stamp::Stamp;
 
 /// How often the file is looked at.
 pub const INTERVAL: Duration = Duration::from_secs(1);
-
-/// What `lstat` says about the file; a change in any of it means a look
-/// at the text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-fn stamp(path: &Path) -> Option<Stamp> {
-    std::fs::symlink_metadata(path).ok().map(|m| Stamp {
-        dev: m.dev(),
-        ino: m.ino(),
-        len: m.len(),
-        mtime: (m.mtime(), m.mtime_nsec()),
-        ctime: (m.ctime(), m.ctime_nsec()),
-    })
-}
 
 /// Watches the project file of `commands` until `stop`, calling `changed`
 /// after each reload that changed the commands. `None` when there is no
@@ -56,7 +35,7 @@ pub fn spawn(
                 _ = stop.cancelled() => return,
                 _ = every.tick() => {}
             }
-            let now = stamp(&path);
+            let now = Stamp::of_entry(&path).ok();
             if last == Some(now) {
                 continue;
             }

@@ -30,6 +30,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::policy::{Rule, parse_host_pattern};
+use crate::stamp::Stamp;
 
 /// How long a `value_from = { command = [...] }` may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -288,30 +289,7 @@ pub struct SecretSource {
 struct Loaded {
     secret: Secret,
     /// The file's identity and change time when it was read.
-    stamp: Option<FileStamp>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileStamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileStamp {
-    fn of(path: &Path) -> std::io::Result<FileStamp> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path)?;
-        Ok(FileStamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        })
-    }
+    stamp: Option<Stamp>,
 }
 
 impl PartialEq for SecretSource {
@@ -375,7 +353,7 @@ impl SecretSource {
     fn value(&self) -> Result<Secret, String> {
         let mut loaded = self.lock();
         if let ValueFrom::File(path) = &self.from {
-            let now = FileStamp::of(path).map_err(|e| format!("{self}: {e}"))?;
+            let now = Stamp::of(path).map_err(|e| format!("{self}: {e}"))?;
             if loaded.as_ref().and_then(|l| l.stamp) != Some(now) {
                 *loaded = Some(self.read()?);
             }
@@ -395,7 +373,7 @@ impl SecretSource {
         let (raw, stamp) = match &self.from {
             ValueFrom::File(path) => {
                 use std::io::Read;
-                let stamp = FileStamp::of(path).map_err(|e| fail(e.to_string()))?;
+                let stamp = Stamp::of(path).map_err(|e| fail(e.to_string()))?;
                 let mut bytes = Vec::new();
                 std::fs::File::open(path)
                     .and_then(|f| f.take(MAX_VALUE_BYTES + 1).read_to_end(&mut bytes))

@@ -161,6 +161,18 @@ impl Run {
         });
     }
 
+    /// Runs an upstream connection until it ends or the proxy stops.
+    fn drive<E: std::fmt::Display>(
+        &self,
+        connection: impl Future<Output = Result<(), E>> + Send + 'static,
+    ) {
+        self.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("proxy upstream connection: {e}");
+            }
+        });
+    }
+
     fn max_transfer(&self) -> u64 {
         self.policy.bounds.max_transfer_bytes
     }
@@ -478,11 +490,7 @@ async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
         Ok(pair) => pair,
         Err(e) => return upstream_failed(&run, &target, e.to_string()),
     };
-    run.spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!("proxy upstream connection: {e}");
-        }
-    });
+    run.drive(connection);
 
     let (mut parts, body) = req.into_parts();
     let origin_form = parts

@@ -419,7 +419,6 @@ impl Upstream {
         };
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = TokioIo::new(tls);
-        let run = self.run.clone();
         if h2 {
             let (sender, connection) = client2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
@@ -431,11 +430,7 @@ impl Upstream {
                 .handshake::<_, ProxyBody>(io)
                 .await
                 .map_err(|e| self.failed(e.to_string()))?;
-            run.spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!("proxy upstream connection: {e}");
-                }
-            });
+            self.run.drive(connection);
             Ok(Sender::Http2(sender))
         } else {
             let (sender, connection) = client1::Builder::new()
@@ -444,11 +439,7 @@ impl Upstream {
                 .handshake::<_, ProxyBody>(io)
                 .await
                 .map_err(|e| self.failed(e.to_string()))?;
-            run.spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!("proxy upstream connection: {e}");
-                }
-            });
+            self.run.drive(connection);
             Ok(Sender::Http1(sender))
         }
     }
