@@ -252,12 +252,15 @@ def test_keep_alive_chunked_bodies_and_large_downloads_over_both_protocols(world
         f"curl -sS --http2 -X PUT --data-binary @/tmp/up {api(world, '/upload')}; echo\n"
         f"curl -sS --http1.1 {api(world, f'/bytes?n={size}')} | sha256sum | cut -c1-64\n"
         f"curl -sS --http2 {api(world, f'/bytes?n={size}')} | wc -c\n"
+        # Ten streams at once on one HTTP/2 connection.
+        f"curl -sS --http2 --parallel --parallel-max 10 -w '%{{http_code}} ' "
+        + " ".join(f"-o /dev/null {api(world, f'/private/parallel{i}')}" for i in range(10)) + "; echo\n"
     )
 
     async def t(s):
         sc, _, err = await call(s, "web", code)
         lines = sc["stdout"].splitlines()
-        assert not err and len(lines) == 11, dump(sc)
+        assert not err and len(lines) == 12, dump(sc)
         assert lines[:3] == ["1 1.1", "0 1.1", "0 1.1"], dump(sc)
         assert lines[3:6] == ["1 2", "0 2", "0 2"], dump(sc)
         digest = lines[6]
@@ -265,9 +268,10 @@ def test_keep_alive_chunked_bodies_and_large_downloads_over_both_protocols(world
             assert json.loads(answer) == {"body_bytes": 3000000, "sha256": digest}, dump(sc)
         assert lines[9] == hashlib.sha256(ApiUpstream.pattern(size)).hexdigest(), dump(sc)
         assert lines[10] == str(size), dump(sc)
+        assert lines[11].split() == ["200"] * 10, dump(sc)
     with_server(world, t)
-    for i in range(3):
-        assert all(r["headers"]["authorization"] == f"Bearer {TOKEN}" for r in received(world, f"/private/keep{i}"))
+    for path in [f"/private/keep{i}" for i in range(3)] + [f"/private/parallel{i}" for i in range(10)]:
+        assert all(r["headers"]["authorization"] == f"Bearer {TOKEN}" for r in received(world, path)), path
 
 
 def package_requests_all_carried_it(world: World, kind: str) -> None:

@@ -37,6 +37,10 @@ const LEAF_LIFETIME: Duration = Duration::days(7);
 /// Clocks of the sandbox and the server are one, but allow for skew in
 /// validity checks made elsewhere.
 const BACKDATE: Duration = Duration::hours(1);
+/// Hosts whose certificates are kept at once: a `*.suffix` rule lets a
+/// sandbox ask for any number of names, and each must not cost memory for
+/// the server's life.
+const MAX_LEAVES: usize = 256;
 
 const KEY_FILE: &str = "ca.key";
 const CERT_FILE: &str = "ca.pem";
@@ -271,6 +275,12 @@ impl Authority {
             return Ok(config.clone());
         }
         let config = Arc::new(self.make_leaf(host, now)?);
+        if leaves.len() >= MAX_LEAVES {
+            leaves.retain(|_, (_, renew)| now < *renew);
+            if leaves.len() >= MAX_LEAVES {
+                leaves.clear();
+            }
+        }
         leaves.insert(
             host.to_string(),
             (config.clone(), now + LEAF_LIFETIME - Duration::days(1)),
@@ -373,6 +383,10 @@ mod tests {
             "the bundle holds the authority"
         );
         a.server_config("api.example.com").unwrap();
+        for i in 0..(MAX_LEAVES + 10) {
+            a.server_config(&format!("h{i}.example.com")).unwrap();
+        }
+        assert!(a.leaves.lock().unwrap().len() <= MAX_LEAVES);
 
         let same = Authority::open(&ca_dir, &hosts).unwrap();
         assert_eq!(same.meta, a.meta, "kept while it covers the hosts");
