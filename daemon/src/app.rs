@@ -264,6 +264,11 @@ fn check_credentials(config: &Config, platform: &Platform) -> Result<(), StartEr
         }
         if let Some(file) = source.file() {
             let real = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+            if real.starts_with(crate::registry::artifact::store_dir()) {
+                return Err(StartError::Credentials(format!(
+                    "{source} is in the Nix store, which every user (and, for the paths of their closures, sandboxes) can read; point it at a secret outside the store, such as an agenix or sops-nix path under /run"
+                )));
+            }
             if let Some(dir) = seen.iter().find(|d| real.starts_with(d)) {
                 return Err(StartError::Credentials(format!(
                     "{source} is under {}, which sandboxes see; keep credential files where no sandbox can read them (e.g. /run/secrets or ~/.config)",

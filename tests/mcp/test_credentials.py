@@ -402,6 +402,11 @@ def test_a_credential_a_sandbox_could_read_is_refused_at_start(world):
     assert "inherit_env" in e and "NSM_TEST_PACKAGE_TOKEN" in e and PACKAGE_TOKEN not in e, e
     e = start_fails(world, world.config(secret=pathlib.Path("/nonexistent/token")))
     assert "/nonexistent/token" in e, e
+    store = world.dir / "store"
+    store.mkdir(exist_ok=True)
+    (store / "token").write_text(TOKEN)
+    e = start_fails(world, world.config(secret=store / "token"), NIX_STORE_DIR=str(store))
+    assert "in the Nix store" in e and TOKEN not in e, e
 
 
 def test_a_readable_authority_key_is_refused(world):
