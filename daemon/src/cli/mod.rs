@@ -37,7 +37,11 @@ through a copy-on-write overlay (writable, but the user's files are never \
 written: changes come back as a patch; or read-only, or read-write, by \
 [project] mode), a fresh writable /workspace, a seccomp filter, and limits \
 on time, memory, processes, CPU, file size, open files and output. \
-Environments may keep cache directories between calls, per project.
+Environments may keep cache directories between calls, per project. An \
+environment with network reaches only the hosts its allowlist names, \
+through the server's proxy, which can add credentials for named hosts \
+that the sandbox never sees and hold each request to rules \
+(docs/credentials.md).
 
 Calls may name a session to keep interpreter state (variables, the working \
 directory, /workspace) across calls, or run in the background as jobs read \
