@@ -171,7 +171,7 @@ def test_ten_ways_to_get_the_token_from_inside_all_fail(world):
         # 10: TLS asking for another name than the CONNECT target.
         f"curl -sS --connect-to other.{DOMAIN}:{a}:api.{DOMAIN}:{a} https://other.{DOMAIN}:{a}/echo/sni",
         # 11: plain HTTP to the host (never gets a credential).
-        f"curl -sS -m 5 http://api.{DOMAIN}:{a}/echo/plain",
+        f"curl -sS -m 2 http://api.{DOMAIN}:{a}/echo/plain",
         # 12: a tunnel inside the tunnel.
         f"curl -sS -i --http1.1 -X CONNECT --request-target other.{DOMAIN}:{a} {api(world, '/')}",
         # 13: the proxy's own port, asked for the value directly.
