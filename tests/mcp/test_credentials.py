@@ -154,8 +154,10 @@ def test_ten_ways_to_get_the_token_from_inside_all_fail(world):
         # 1-2: the environment, this process's and every other's.
         "env",
         "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; tr '\\0' ' ' < $p/cmdline; echo; done",
-        # 3: every file the sandbox can read that holds the token's prefix.
-        "grep -rIal --exclude-dir=proc --exclude-dir=sys 'nsm-secret-' / 2>/dev/null | head -5 | xargs -r cat",
+        # 3: every file the sandbox can read that holds the token's prefix
+        # (but the host's /usr, where the server refuses a credential file).
+        "grep -rIal --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr 'nsm-secret-' / 2>/dev/null "
+        "| head -5 | xargs -r cat",
         # 4: the credential file by its host path, and the proxy's key.
         f"cat {world.secret} {world.state}/nix-sandbox-mcp/ca/ca.key /var/lib/nix-sandbox-mcp/ca/ca.key",
         # 5-6: endpoints that echo the request back (headers and body).

@@ -471,7 +471,7 @@ async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
         let denial = Denial::Request {
             host: target.host.clone(),
             method: req.method().to_string(),
-            path: req.uri().path().chars().take(200).collect(),
+            path: recorded(req.uri().path()),
             refusal,
         };
         return Refusal::Denied(denial).respond(&run, &target);
@@ -532,6 +532,11 @@ async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
         parts,
         Metered::new(body, flow, Direction::Received, run).boxed(),
     )
+}
+
+/// A refused request's path as the record keeps it: its first 200 characters.
+fn recorded(path: &str) -> String {
+    path.chars().take(200).collect()
 }
 
 /// The `Host` header for `target`: the port only when it is not 80.

@@ -190,9 +190,6 @@ fn refused(target: &Target, method: &str, path: &str, refusal: RequestRefusal) -
     }
 }
 
-/// The longest path kept in a record of a refused request.
-const MAX_RECORDED_PATH: usize = 200;
-
 async fn request(
     req: Request<Incoming>,
     run: &Arc<Run>,
@@ -206,8 +203,7 @@ async fn request(
     };
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let mut recorded_path = path.clone();
-    recorded_path.truncate(MAX_RECORDED_PATH);
+    let recorded_path = recorded(&path);
     let deny = |refusal| {
         let denial = refused(target, method.as_str(), &recorded_path, refusal);
         Refusal::Denied(denial).respond(run, target)
