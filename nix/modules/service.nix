@@ -73,9 +73,10 @@ rec {
   };
 
   # Where an instance keeps its files: its own, under the directories
-  # systemd made for it.
+  # systemd made for it (the proxy's certificate authority in its state).
   environment = instance: {
     HOME = "/var/lib/nix-sandbox-mcp/${instance}";
+    XDG_STATE_HOME = "/var/lib/nix-sandbox-mcp/${instance}";
     XDG_CACHE_HOME = "/var/cache/nix-sandbox-mcp/${instance}";
     XDG_RUNTIME_DIR = "/run/nix-sandbox-mcp/${instance}";
   };

@@ -353,6 +353,7 @@ let
           HOME = "/var/lib/nix-sandbox-mcp/%i";
           XDG_CACHE_HOME = "/var/cache/nix-sandbox-mcp/%i";
           XDG_RUNTIME_DIR = "/run/nix-sandbox-mcp/%i";
+          XDG_STATE_HOME = "/var/lib/nix-sandbox-mcp/%i";
         };
         path = [ nixPackage ];
         service = {
