@@ -262,8 +262,7 @@ fn check_credentials(config: &Config, platform: &Platform) -> Result<(), StartEr
                 "{source} is also passed to sandboxes by [project.inherit_env]; a credential must never be readable in the sandbox: remove it from inherit_env"
             )));
         }
-        if let Some(file) = source.file() {
-            let real = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+        if let Some(real) = source.file() {
             if real.starts_with(crate::registry::artifact::store_dir()) {
                 return Err(StartError::Credentials(format!(
                     "{source} is in the Nix store, which every user (and, for the paths of their closures, sandboxes) can read; point it at a secret outside the store, such as an agenix or sops-nix path under /run"
@@ -286,9 +285,7 @@ fn holds_credentials(config: &Config, dir: &Path) -> Option<String> {
     configured_policies(config)
         .flat_map(|p| p.interception.sources())
         .find_map(|source| {
-            let file = source.file()?;
-            let real = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-            real.starts_with(dir).then(|| {
+            source.file()?.starts_with(dir).then(|| {
                 format!(
                     "it holds {source}, which its sandboxes could read; keep credential files outside every project"
                 )

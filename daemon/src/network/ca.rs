@@ -113,7 +113,7 @@ impl Authority {
     /// The authority in `dir` when it covers `hosts` and is not near its
     /// end; a new one otherwise.
     pub fn open(dir: &Path, hosts: &[String]) -> Result<Authority, CaError> {
-        match Authority::load(dir)? {
+        match Authority::existing(dir)? {
             Some(ca) if ca.covers(hosts) => Ok(ca),
             Some(_) => {
                 tracing::info!(
@@ -171,11 +171,6 @@ impl Authority {
         })
     }
 
-    /// The stored authority as it is, `None` when there is none.
-    pub fn existing(dir: &Path) -> Result<Option<Authority>, CaError> {
-        Authority::load(dir)
-    }
-
     /// Its name, as the certificate's subject says it.
     pub fn common_name(&self) -> &str {
         &self.meta.common_name
@@ -197,8 +192,8 @@ impl Authority {
         &self.meta.hosts
     }
 
-    /// The stored authority, `None` when there is none yet.
-    fn load(dir: &Path) -> Result<Option<Authority>, CaError> {
+    /// The stored authority as it is, `None` when there is none yet.
+    pub fn existing(dir: &Path) -> Result<Option<Authority>, CaError> {
         let key_path = dir.join(KEY_FILE);
         let key_pem = match std::fs::read_to_string(&key_path) {
             Ok(k) => k,

@@ -20,7 +20,7 @@
 //! a path no prefix names.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -324,10 +324,12 @@ impl SecretSource {
         }
     }
 
-    /// The file the value is read from.
-    pub fn file(&self) -> Option<&Path> {
+    /// The file the value is read from, links followed (as written when
+    /// it cannot be resolved): where it really is, for the checks of who
+    /// else can read it.
+    pub fn file(&self) -> Option<PathBuf> {
         match &self.from {
-            ValueFrom::File(p) => Some(p),
+            ValueFrom::File(p) => Some(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())),
             _ => None,
         }
     }

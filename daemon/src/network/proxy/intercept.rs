@@ -67,25 +67,16 @@ impl Interceptor {
     }
 }
 
-/// The name a request is for, as a request to `target` must name it.
-struct Named<'a> {
-    name: &'a str,
-    target: &'a Target,
-}
-
-impl Named<'_> {
-    /// Whether an authority (`host[:port]`) names the CONNECT target.
-    fn matches(&self, authority: &str) -> bool {
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) => match p.parse::<u16>() {
-                Ok(p) => (h, Some(p)),
-                Err(_) => return false,
-            },
-            None => (authority, None),
-        };
-        port.is_none_or(|p| p == self.target.port)
-            && matches!(Host::parse(host), Ok(Host::Name(n)) if n == self.name)
-    }
+/// Whether an authority (`host[:port]`) names `name` on `port`.
+fn names(authority: &str, name: &str, port: u16) -> bool {
+    let (host, given) = match authority.rsplit_once(':') {
+        Some((h, p)) => match p.parse::<u16>() {
+            Ok(p) => (h, Some(p)),
+            Err(_) => return false,
+        },
+        None => (authority, None),
+    };
+    given.is_none_or(|p| p == port) && matches!(Host::parse(host), Ok(Host::Name(n)) if n == name)
 }
 
 /// Serves the sandbox's side of an intercepted CONNECT until it closes.
@@ -135,29 +126,29 @@ pub(super) async fn serve(
         }
         Err(_) => return,
     };
-    let flow = Flow::new(&run, &target);
     let sandbox_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let header_timeout = run.policy.bounds.header_timeout;
     let upstream = Arc::new(Upstream {
         tls: if sandbox_h2 {
             interceptor.upstream_h2.clone()
         } else {
             interceptor.upstream_h1.clone()
         },
-        name: name.clone(),
-        target: Target {
-            host: target.host.clone(),
-            port: target.port,
+        authority: if target.port == 443 {
+            name.clone()
+        } else {
+            format!("{name}:{}", target.port)
         },
+        name: name.clone(),
+        flow: Flow::new(&run, &target),
+        target,
         first: std::sync::Mutex::new(Some(upstream)),
         sender: Mutex::new(None),
-        run: run.clone(),
+        run,
     });
-    let header_timeout = run.policy.bounds.header_timeout;
-    let target = Arc::new(target);
     let service = service_fn(move |req| {
-        let (run, upstream, flow, target) =
-            (run.clone(), upstream.clone(), flow.clone(), target.clone());
-        async move { Ok::<_, Infallible>(request(req, &run, &upstream, flow, &target).await) }
+        let upstream = upstream.clone();
+        async move { Ok::<_, Infallible>(request(req, &upstream).await) }
     });
     let mut server = auto::Builder::new(TokioExecutor::new());
     server
@@ -190,17 +181,8 @@ fn refused(target: &Target, method: &str, path: &str, refusal: RequestRefusal) -
     }
 }
 
-async fn request(
-    req: Request<Incoming>,
-    run: &Arc<Run>,
-    upstream: &Upstream,
-    flow: Arc<Flow>,
-    target: &Target,
-) -> Response<ProxyBody> {
-    let name = Named {
-        name: &upstream.name,
-        target,
-    };
+async fn request(req: Request<Incoming>, upstream: &Upstream) -> Response<ProxyBody> {
+    let (run, target) = (&upstream.run, &upstream.target);
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let recorded_path = recorded(&path);
@@ -220,7 +202,7 @@ async fn request(
     if let Some(other) = authority
         .iter()
         .chain(&host_header)
-        .find(|a| !name.matches(a))
+        .find(|a| !names(a, &upstream.name, target.port))
         .cloned()
         .or_else(|| (!scheme_ok).then(|| req.uri().to_string()))
     {
@@ -264,7 +246,7 @@ async fn request(
         }
     }
     let version = parts.version;
-    let body = Metered::new(body, flow.clone(), Direction::Sent, run.clone()).boxed();
+    let body = Metered::new(body, upstream.flow.clone(), Direction::Sent, run.clone()).boxed();
     let response = match upstream.send(parts, body).await {
         Ok(r) => r,
         Err(response) => return response,
@@ -272,7 +254,12 @@ async fn request(
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.version = version;
-    let body = Metered::new(body, flow, Direction::Received, run.clone());
+    let body = Metered::new(
+        body,
+        upstream.flow.clone(),
+        Direction::Received,
+        run.clone(),
+    );
     if secrets.is_empty() {
         return Response::from_parts(parts, body.boxed());
     }
@@ -292,6 +279,10 @@ struct Upstream {
     tls: TlsConnector,
     name: String,
     target: Target,
+    /// `name[:port]`, as `Host` and `:authority` give it to the host.
+    authority: String,
+    /// The bytes of this CONNECT's requests and responses.
+    flow: Arc<Flow>,
     /// The connection opened (and checked) before the CONNECT was answered.
     first: std::sync::Mutex<Option<TcpStream>>,
     sender: Mutex<Option<Sender>>,
@@ -324,11 +315,6 @@ impl Upstream {
             .path_and_query()
             .map(|p| p.as_str().to_string())
             .unwrap_or_else(|| "/".to_string());
-        let authority = if self.target.port == 443 {
-            self.name.clone()
-        } else {
-            format!("{}:{}", self.name, self.target.port)
-        };
         let Some(sender) = guard.as_mut() else {
             return Err(self.failed("no connection to the host".to_string()));
         };
@@ -339,7 +325,7 @@ impl Upstream {
                 let mut s = s.clone();
                 drop(guard);
                 parts.version = hyper::Version::HTTP_2;
-                parts.uri = format!("https://{authority}{path}")
+                parts.uri = format!("https://{}{path}", self.authority)
                     .parse()
                     .map_err(invalid)?;
                 self.timed(s.send_request(Request::from_parts(parts, body)))
@@ -348,7 +334,7 @@ impl Upstream {
             Sender::Http1(s) => {
                 parts.version = hyper::Version::HTTP_11;
                 parts.uri = path.parse().map_err(invalid)?;
-                if let Ok(v) = HeaderValue::from_str(&authority) {
+                if let Ok(v) = HeaderValue::from_str(&self.authority) {
                     parts.headers.insert(header::HOST, v);
                 }
                 // The connection is the lock: the next request waits for
@@ -612,16 +598,9 @@ mod tests {
 
     #[test]
     fn a_request_must_name_the_connect_host() {
-        let target = Target {
-            host: Host::Name("api.example.com".into()),
-            port: 443,
-        };
-        let named = Named {
-            name: "api.example.com",
-            target: &target,
-        };
+        let name = "api.example.com";
         for ok in ["api.example.com", "API.example.com.", "api.example.com:443"] {
-            assert!(named.matches(ok), "{ok}");
+            assert!(names(ok, name, 443), "{ok}");
         }
         for bad in [
             "evil.example",
@@ -630,7 +609,7 @@ mod tests {
             "api.example.com@evil.example",
             "",
         ] {
-            assert!(!named.matches(bad), "{bad}");
+            assert!(!names(bad, name, 443), "{bad}");
         }
     }
 }
