@@ -183,6 +183,7 @@ pub fn executor_for(config: &Config, prestart: bool) -> Result<Executor, StartEr
         .memory_budget_mb
         .map_or_else(crate::exec::default_budget_mib, |m| m.0);
     let resolver = resolver(config)?;
+    trust_for_tests(config)?;
     let interceptor = interceptor(config, &platform)?;
     Ok(Executor::new(
         Arc::new(platform),
@@ -227,7 +228,6 @@ fn interceptor(
     if hosts.is_empty() {
         return Ok(None);
     }
-    trust_for_tests(config)?;
     let authority =
         crate::network::Authority::open(&crate::network::Authority::default_dir(), &hosts)?;
     let interceptor = crate::network::Interceptor::new(authority);
