@@ -2,7 +2,8 @@
 """A large download through the proxy, to a host with a credential (the
 proxy ends TLS, adds the header and makes its own TLS connection) against
 the same download through a plain tunnel (the proxy copies bytes), in one
-interleaved run. The upstream is tests/mcp's TLS server on loopback, named
+interleaved run, over HTTP/2 (curl's default) and HTTP/1.1: each side of
+the proxy speaks what the sandbox chose. The upstream is tests/mcp's TLS server on loopback, named
 `localhost` (a certificate of a test authority the server trusts through
 SSL_CERT_FILE), so a release build needs no test knob.
 
@@ -43,11 +44,15 @@ value_from = {{ file = "{secret}" }}
 """
 
 
-def download(server: Server, env: str, url: str, size: int) -> float:
+PROTOCOLS = {"HTTP/2": "--http2", "HTTP/1.1": "--http1.1"}
+
+
+def download(server: Server, env: str, protocol: str, url: str, size: int) -> float:
     """Seconds curl in the sandbox took to fetch `url` (its own clock)."""
     # -k: the sandbox cannot read the test authority; a tunnel's TLS is
     # curl's own, whose check of the certificate costs the same either way.
-    code = f"curl -sS -k --noproxy '' -o /dev/null -w '%{{size_download}} %{{time_total}}' '{url}'"
+    code = (f"curl -sS -k {PROTOCOLS[protocol]} --noproxy '' -o /dev/null "
+            f"-w '%{{size_download}} %{{time_total}}' '{url}'")
     r = server.request("tools/call", {"name": "run", "arguments": {"env": env, "code": code}})
     out = r["result"]["structuredContent"]
     got, seconds = out["stdout"].split()
@@ -69,12 +74,12 @@ def measure(binary: str, runs: int, mib: int) -> dict:
                "XDG_STATE_HOME": str(pathlib.Path(work) / "state")}
         size = mib << 20
         url = f"https://localhost:{upstream.port}/bytes?n={size}"
-        rows: dict[str, list[float]] = {"tunnel": [], "intercepted": []}
+        rows = {(p, e): [] for p in PROTOCOLS for e in ("tunnel", "intercepted")}
         server = Server(binary, env, ["--config", str(config)])
         try:
             for _ in range(runs):
-                for label in rows:
-                    rows[label].append(download(server, label, url, size))
+                for (protocol, env_name), times in rows.items():
+                    times.append(download(server, env_name, protocol, url, size))
         finally:
             server.close()
     finally:
@@ -82,13 +87,16 @@ def measure(binary: str, runs: int, mib: int) -> dict:
             upstream.close()
         ca.close()
         shutil.rmtree(work, ignore_errors=True)
-    tunnel = stats(rows["tunnel"])[0]
     table = Table("credentials", ["path", f"median s ({mib} MiB)", "MiB/s", "speed ÷ tunnel"])
-    for label, xs in rows.items():
-        med = stats(xs)[0]
-        table.add([label, med, mib / med, tunnel / med])
-    return {"tables": [table],
-            "metrics": {"credentials.intercepted_over_tunnel": tunnel / stats(rows["intercepted"])[0]}}
+    metrics = {}
+    for protocol in PROTOCOLS:
+        tunnel = stats(rows[(protocol, "tunnel")])[0]
+        for env_name in ("tunnel", "intercepted"):
+            med = stats(rows[(protocol, env_name)])[0]
+            table.add([f"{env_name}, {protocol}", med, mib / med, tunnel / med])
+        key = "http2" if protocol == "HTTP/2" else "http1"
+        metrics[f"credentials.{key}.intercepted_over_tunnel"] = tunnel / stats(rows[(protocol, "intercepted")])[0]
+    return {"tables": [table], "metrics": metrics}
 
 
 def main() -> None:

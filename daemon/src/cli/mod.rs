@@ -430,6 +430,20 @@ EXAMPLES
     claude mcp add --transport http sandbox https://sandbox.example.com:8443/mcp \\
         --header \"Authorization: Bearer $TOKEN\"";
 
+/// Memory freed at the top of a heap stays with the process up to 4 MiB a
+/// heap, where glibc's default gives back anything past 128 KiB. The
+/// proxy's buffers for a large body come and go by the hundred kilobytes;
+/// given back each time, every new one faults its pages in again (a fifth
+/// of the proxy's time on a 100 MiB download through an intercepted host).
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt sets one of the allocator's parameters under the
+    // allocator's own lock; no memory is touched.
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 4 << 20);
+    }
+}
+
 pub fn main() -> ExitCode {
     // The nest's holder (see exec::nest), started by the daemon from this
     // binary; not for users, so not in --help.
@@ -457,6 +471,7 @@ pub fn main() -> ExitCode {
     if let Err(e) = crate::exec::process::become_subreaper() {
         tracing::warn!("cannot become the reaper of orphaned sandbox processes: {e}");
     }
+    keep_freed_memory();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -260,18 +260,22 @@ async fn request(req: Request<Incoming>, upstream: &Upstream) -> Response<ProxyB
         Direction::Received,
         run.clone(),
     );
-    if secrets.is_empty() {
-        return Response::from_parts(parts, body.boxed());
-    }
     redact_headers(&mut parts.headers, &secrets);
     let encoded = parts
         .headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() != b"identity");
-    if encoded {
-        return Response::from_parts(parts, body.boxed());
-    }
-    Response::from_parts(parts, Redacted::new(body, secrets).boxed())
+    let body = if secrets.is_empty() || encoded {
+        body.boxed()
+    } else {
+        Redacted::new(body, secrets).boxed()
+    };
+    let body = if version == hyper::Version::HTTP_2 {
+        RecordSized::new(body).boxed()
+    } else {
+        body
+    };
+    Response::from_parts(parts, body)
 }
 
 /// The proxy's connection to the host, made again when the host closes it.
@@ -568,9 +572,89 @@ where
     }
 }
 
+/// The most of a body that one HTTP/2 DATA frame carries so that the
+/// frame (a 9-byte header and the data) fills one TLS record exactly.
+const H2_RECORD_DATA: usize = 16 * 1024 - 9;
+
+/// A body re-cut into pieces of `H2_RECORD_DATA` bytes, each sent as one
+/// HTTP/2 frame in one TLS record. The host's frames come as they were cut
+/// (16 KiB and its frame header): sent as they are, each would take a full
+/// record and a 9-byte one, and the sandbox's TLS reads twice as many
+/// records. What the body has ready is joined up to the size; a shorter
+/// piece goes when nothing more is ready, so nothing waits for data.
+struct RecordSized<B> {
+    inner: B,
+    buf: bytes::BytesMut,
+    trailers: Option<HeaderMap>,
+    ended: bool,
+}
+
+impl<B> RecordSized<B> {
+    fn new(inner: B) -> RecordSized<B> {
+        RecordSized {
+            inner,
+            buf: bytes::BytesMut::new(),
+            trailers: None,
+            ended: false,
+        }
+    }
+}
+
+impl<B> Body for RecordSized<B>
+where
+    B: Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if this.buf.len() >= H2_RECORD_DATA {
+                let piece = this.buf.split_to(H2_RECORD_DATA).freeze();
+                return Poll::Ready(Some(Ok(Frame::data(piece))));
+            }
+            if this.ended {
+                if !this.buf.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(this.buf.split().freeze()))));
+                }
+                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        if this.buf.capacity() - this.buf.len() < data.len() {
+                            this.buf.reserve(data.len().max(4 * H2_RECORD_DATA));
+                        }
+                        this.buf.extend_from_slice(&data);
+                    }
+                    Err(frame) => {
+                        this.trailers = frame.into_trailers().ok();
+                        this.ended = true;
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => this.ended = true,
+                Poll::Pending if this.buf.is_empty() => return Poll::Pending,
+                Poll::Pending => {
+                    return Poll::Ready(Some(Ok(Frame::data(this.buf.split().freeze()))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.buf.is_empty() && self.trailers.is_none()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
 
     #[test]
     fn secrets_are_starred_also_across_frames() {
@@ -594,6 +678,37 @@ mod tests {
             b"xx ************ yy s3cr",
             "an unfinished start goes at the end"
         );
+    }
+
+    #[test]
+    fn http2_pieces_fill_records_and_nothing_waits() {
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Frame<Bytes>, BoxError>>();
+        let mut body = RecordSized::new(http_body_util::StreamBody::new(rx));
+        let mut next = || {
+            body.frame()
+                .now_or_never()
+                .map(|f| f.map(|f| f.unwrap().into_data().map(|d| d.len()).unwrap_or(0)))
+        };
+        // What is ready goes at once, even short of a record.
+        tx.unbounded_send(Ok(Frame::data(Bytes::from(vec![1; 100]))))
+            .unwrap();
+        assert_eq!(next(), Some(Some(100)));
+        assert_eq!(next(), None, "nothing ready: the body waits");
+        // 16 KiB frames come out a record's worth each.
+        for _ in 0..3 {
+            tx.unbounded_send(Ok(Frame::data(Bytes::from(vec![2; 16 * 1024]))))
+                .unwrap();
+        }
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        tx.unbounded_send(Ok(Frame::trailers(trailers))).unwrap();
+        drop(tx);
+        let sizes: Vec<_> = std::iter::from_fn(|| next().flatten()).collect();
+        assert_eq!(
+            sizes,
+            [H2_RECORD_DATA, H2_RECORD_DATA, H2_RECORD_DATA, 27, 0]
+        );
+        assert!(body.is_end_stream());
     }
 
     #[test]
