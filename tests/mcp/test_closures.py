@@ -16,7 +16,8 @@ from harness import MODE, call, run_async, session, var_tmpdir
 
 
 # A static program that lists its store (the parent of its store path),
-# tries to write there and in its own path, and says whether the store
+# tries to write there, in its own path, in the store's parent and at the
+# root (all read-only, the root made so with the view), and says whether the store
 # directory is a mount of its own (a store view) or a directory holding one
 # bind per path.
 LISTER = r"""
@@ -39,6 +40,9 @@ int main(int argc, char **argv) {
     printf("store writable: %d\n", open(path, O_CREAT | O_WRONLY, 0644) >= 0);
     snprintf(path, sizeof path, "%s/new", own);
     printf("path writable: %d\n", open(path, O_CREAT | O_WRONLY, 0644) >= 0);
+    snprintf(path, sizeof path, "%s/new", parent);
+    printf("parent writable: %d\n", open(path, O_CREAT | O_WRONLY, 0644) >= 0);
+    printf("root writable: %d\n", open("/new", O_CREAT | O_WRONLY, 0644) >= 0);
     struct stat s, p;
     stat(store, &s); stat(parent, &p);
     printf("store is a mount: %d\n", s.st_dev != p.st_dev);
@@ -81,6 +85,7 @@ def test_a_closure_is_seen_exactly_through_a_store_view_or_path_by_path():
                     assert not err and sc["exit_code"] == 0, text
                     lines = sc["stdout"].splitlines()
                     assert sorted(line for line in lines if ":" not in line) == expected, sc["stdout"]
-                    assert "store writable: 0" in lines and "path writable: 0" in lines, sc["stdout"]
+                    for place in ("store", "path", "parent", "root"):
+                        assert f"{place} writable: 0" in lines, (view, sc["stdout"])
                     assert f"store is a mount: {mounted}" in lines, (view, sc["stdout"])
         run_async(t)

@@ -12,7 +12,7 @@
 //! | [`Op::Bind`] | `--ro-bind`, `--bind`, `--dev-bind` |
 //! | [`Op::Tmpfs`] | `[--perms] [--size] --tmpfs` |
 //! | [`Op::Sync`] | `--file FD` (the pipe's read end) |
-//! | [`Op::StoreView`] | `--dir STORE --file FD STORE/.nsm-view-sync` |
+//! | [`Op::StoreView`] | `--size 65536 --tmpfs STORE --file FD STORE/.nsm-view-sync` |
 //! | other ops | `--symlink`, `--proc`, `--dev`, `--dir`, `--remount-ro` |
 //! | wiring | `--add-seccomp-fd` (or `--seccomp`), `--json-status-fd`, `--block-fd` |
 //! | workdir | `--chdir` |
@@ -24,8 +24,8 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
-use super::VIEW_SYNC_FILE;
 use super::plan::{Access, NetworkNamespace, Op, Pipe, Plan, Source, Value};
+use super::{SYNC_TMPFS_BYTES, VIEW_SYNC_FILE};
 
 /// The options of the jail's that a bubblewrap may lack (see `platform::bwrap`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -149,7 +149,8 @@ pub fn options(plan: &Plan, features: Features, wiring: &Wiring) -> Vec<OsString
             }
             Op::StoreView { store, .. } => {
                 let fd = pipe_end(Pipe::StoreView, wiring);
-                a.pair_os("--dir", store);
+                a.pair("--size", &SYNC_TMPFS_BYTES.to_string());
+                a.pair_os("--tmpfs", store);
                 a.triple(
                     "--file",
                     fd.as_ref(),

@@ -161,7 +161,7 @@ fn each_operation_becomes_its_options() {
                 store: "/nix/store".into(),
                 closure: vec!["/nix/store/aaa-x".into()],
             },
-            "--dir /nix/store --file 6 /nix/store/.nsm-view-sync",
+            "--size 65536 --tmpfs /nix/store --file 6 /nix/store/.nsm-view-sync",
         ),
     ];
     let wiring = Wiring {

@@ -139,15 +139,18 @@ pub fn staged_code_path(at: &str) -> Option<String> {
 }
 
 /// The file under the store that bubblewrap writes while a store view is
-/// mounted over the store (see [`Op::StoreView`]); the view hides it.
+/// mounted over the store (see [`Op::StoreView`]); the view hides it. It is
+/// on a small tmpfs of its own, so that the root, where bubblewrap would
+/// otherwise hold it open for writing, can be made read-only from outside.
 pub const VIEW_SYNC_FILE: &str = ".nsm-view-sync";
 
 /// The file bubblewrap writes while the /proc masks are mounted from
 /// outside (see [`ProcMasks::FromOutside`]); the sandbox's /tmp hides it.
 pub const PROC_MASKS_SYNC_FILE: &str = "/tmp/.nsm-masks-sync";
 
-/// The size of the tmpfs holding [`PROC_MASKS_SYNC_FILE`] when the root is
-/// made read-only from outside: room for the pipe's page.
+/// The size of the tmpfs holding [`VIEW_SYNC_FILE`], or
+/// [`PROC_MASKS_SYNC_FILE`] when the root is made read-only from outside:
+/// room for the pipe's page.
 const SYNC_TMPFS_BYTES: u64 = 65536;
 
 /// Where `path` of the sandbox is while bubblewrap sets the sandbox up

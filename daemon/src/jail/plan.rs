@@ -164,7 +164,9 @@ pub enum Op {
     },
     /// The closure `closure`, all in directory `store`, as one view mounted
     /// over `store` from outside after every other mount (while setting up
-    /// waits at [`Pipe::StoreView`] in a file under it, which the view hides).
+    /// waits at [`Pipe::StoreView`] in a file under it, which the view hides),
+    /// and the root then made read-only from outside: remounting it from
+    /// inside, bubblewrap would read a mount table holding the view's mounts.
     StoreView {
         store: PathBuf,
         closure: Vec<PathBuf>,
@@ -294,8 +296,9 @@ pub fn plan(layout: &HostLayout, sandbox: &Sandbox) -> Plan {
         });
     }
     // Last: everything above is mounted, and nothing else under / may be
-    // written (the writable filesystems are mounts of their own).
-    if !outside.read_only_root {
+    // written (the writable filesystems are mounts of their own). With a
+    // store view, the view's mount does it from outside.
+    if !outside.read_only_root && store_view(sandbox).is_none() {
         ops.0.push(Op::RemountReadOnly { target: "/".into() });
     }
     Plan {

@@ -97,11 +97,13 @@ pub(super) fn plan(
                 "the plan mounts a store view, and there is none",
             ));
         }
+        // Every other mount is made: the root is made read-only with it
+        // (see `Op::StoreView`).
         (Some(store), Some(view)) => Some(nest.ok_or_else(needs_nest)?.view_attach(
             view.clone(),
             &[(platform.view_dir.clone(), jail::while_set_up(store))],
             &[],
-            None,
+            Some(&jail::while_set_up(Path::new("/"))),
         )?),
     };
     Ok(FromOutside { masks, view })
