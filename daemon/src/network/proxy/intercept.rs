@@ -268,10 +268,10 @@ async fn request(req: Request<Incoming>, upstream: &Upstream) -> Response<ProxyB
     let body = if secrets.is_empty() || encoded {
         body.boxed()
     } else {
-        Redacted::new(body, secrets).boxed()
+        Redacted::body(body, secrets).boxed()
     };
     let body = if version == hyper::Version::HTTP_2 {
-        RecordSized::new(body).boxed()
+        RecordSized::body(body).boxed()
     } else {
         body
     };
@@ -474,57 +474,52 @@ fn partial_secret_at_end(bytes: &[u8], secrets: &[Vec<u8>]) -> usize {
         .unwrap_or(0)
 }
 
-/// A response body with the secrets' bytes replaced, also where a secret
-/// spans two frames: an end of a frame that could begin a secret waits
-/// for the next one (or the body's end). A frame without any passes as it
-/// is, uncopied.
-struct Redacted<B> {
+/// A body whose data is rewritten on its way: what the rewriting has
+/// ready goes first, trailers (rewritten too) after all of it.
+struct Rewritten<B, R> {
     inner: B,
-    secrets: Vec<Vec<u8>>,
-    held: Vec<u8>,
-    /// Trailers that came, to go after what is held.
+    rewrite: R,
     trailers: Option<HeaderMap>,
     ended: bool,
 }
 
-impl<B> Redacted<B> {
-    fn new(inner: B, secrets: Vec<Vec<u8>>) -> Redacted<B> {
-        Redacted {
+/// What follows what a [`Rewrite`] has taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Maybe more data, at once.
+    More,
+    /// Nothing ready: the body waits for its source.
+    Waiting,
+    /// Nothing: the body has ended.
+    End,
+}
+
+/// How a [`Rewritten`] body's data changes.
+trait Rewrite {
+    /// Takes the next frame's data.
+    fn take(&mut self, data: Bytes);
+    /// What can go now, given what comes after it.
+    fn ready(&mut self, next: Next) -> Option<Bytes>;
+    /// Whether nothing taken is still to go.
+    fn drained(&self) -> bool;
+    fn trailers(&self, _trailers: &mut HeaderMap) {}
+}
+
+impl<B, R> Rewritten<B, R> {
+    fn new(inner: B, rewrite: R) -> Rewritten<B, R> {
+        Rewritten {
             inner,
-            secrets,
-            held: Vec::new(),
+            rewrite,
             trailers: None,
             ended: false,
         }
     }
-
-    /// What of `data` (after what is held) can go now.
-    fn pass(&mut self, data: Bytes) -> Bytes {
-        let clean = self.held.is_empty()
-            && !self
-                .secrets
-                .iter()
-                .any(|s| memchr::memmem::find(&data, s).is_some());
-        if clean {
-            let keep = partial_secret_at_end(&data, &self.secrets);
-            self.held.extend_from_slice(&data[data.len() - keep..]);
-            return data.slice(..data.len() - keep);
-        }
-        let mut buf = bytes::BytesMut::with_capacity(self.held.len() + data.len());
-        buf.extend_from_slice(&self.held);
-        buf.extend_from_slice(&data);
-        redact(&mut buf, &self.secrets);
-        let keep = partial_secret_at_end(&buf, &self.secrets);
-        let out = buf.split_to(buf.len() - keep).freeze();
-        self.held.clear();
-        self.held.extend_from_slice(&buf);
-        out
-    }
 }
 
-impl<B> Body for Redacted<B>
+impl<B, R> Body for Rewritten<B, R>
 where
     B: Body<Data = Bytes, Error = BoxError> + Unpin,
+    R: Rewrite + Unpin,
 {
     type Data = Bytes;
     type Error = BoxError;
@@ -535,40 +530,105 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         loop {
+            let next = if this.ended { Next::End } else { Next::More };
+            if let Some(data) = this.rewrite.ready(next) {
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
             if this.ended {
-                // What is held is no whole secret: it goes as it is.
-                if !this.held.is_empty() {
-                    let rest = std::mem::take(&mut this.held);
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))));
-                }
                 return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        let out = this.pass(data);
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                    }
+                    Ok(data) => this.rewrite.take(data),
                     // Trailers end the body: what is held goes first.
                     Err(frame) => {
                         if let Ok(mut trailers) = frame.into_trailers() {
-                            redact_headers(&mut trailers, &this.secrets);
+                            this.rewrite.trailers(&mut trailers);
                             this.trailers = Some(trailers);
-                            this.ended = true;
                         }
+                        this.ended = true;
                     }
                 },
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(None) => this.ended = true,
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    return match this.rewrite.ready(Next::Waiting) {
+                        Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                        None => Poll::Pending,
+                    };
+                }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended && self.held.is_empty() && self.trailers.is_none()
+        self.ended && self.trailers.is_none() && self.rewrite.drained()
+    }
+}
+
+/// A response body's secrets replaced by asterisks, also where a secret
+/// spans two frames: an end of a frame that could begin a secret waits
+/// for the next one (or the body's end). A frame without any passes as it
+/// is, uncopied.
+struct Redacted {
+    secrets: Vec<Vec<u8>>,
+    held: Vec<u8>,
+    out: Option<Bytes>,
+}
+
+impl Redacted {
+    fn body<B>(inner: B, secrets: Vec<Vec<u8>>) -> Rewritten<B, Redacted> {
+        let redacted = Redacted {
+            secrets,
+            held: Vec::new(),
+            out: None,
+        };
+        Rewritten::new(inner, redacted)
+    }
+}
+
+impl Rewrite for Redacted {
+    fn take(&mut self, data: Bytes) {
+        let clean = self.held.is_empty()
+            && !self
+                .secrets
+                .iter()
+                .any(|s| memchr::memmem::find(&data, s).is_some());
+        let out = if clean {
+            let keep = partial_secret_at_end(&data, &self.secrets);
+            self.held.extend_from_slice(&data[data.len() - keep..]);
+            data.slice(..data.len() - keep)
+        } else {
+            let mut buf = bytes::BytesMut::with_capacity(self.held.len() + data.len());
+            buf.extend_from_slice(&self.held);
+            buf.extend_from_slice(&data);
+            redact(&mut buf, &self.secrets);
+            let keep = partial_secret_at_end(&buf, &self.secrets);
+            let out = buf.split_to(buf.len() - keep).freeze();
+            self.held.clear();
+            self.held.extend_from_slice(&buf);
+            out
+        };
+        self.out = (!out.is_empty()).then_some(out);
+    }
+
+    fn ready(&mut self, next: Next) -> Option<Bytes> {
+        match self.out.take() {
+            Some(out) => Some(out),
+            // At the end, what is held is no whole secret: it goes as it is.
+            None if next == Next::End && !self.held.is_empty() => {
+                Some(Bytes::from(std::mem::take(&mut self.held)))
+            }
+            None => None,
+        }
+    }
+
+    fn drained(&self) -> bool {
+        self.out.is_none() && self.held.is_empty()
+    }
+
+    fn trailers(&self, trailers: &mut HeaderMap) {
+        redact_headers(trailers, &self.secrets);
     }
 }
 
@@ -582,72 +642,36 @@ const H2_RECORD_DATA: usize = 16 * 1024 - 9;
 /// record and a 9-byte one, and the sandbox's TLS reads twice as many
 /// records. What the body has ready is joined up to the size; a shorter
 /// piece goes when nothing more is ready, so nothing waits for data.
-struct RecordSized<B> {
-    inner: B,
+struct RecordSized {
     buf: bytes::BytesMut,
-    trailers: Option<HeaderMap>,
-    ended: bool,
 }
 
-impl<B> RecordSized<B> {
-    fn new(inner: B) -> RecordSized<B> {
-        RecordSized {
-            inner,
+impl RecordSized {
+    fn body<B>(inner: B) -> Rewritten<B, RecordSized> {
+        let sized = RecordSized {
             buf: bytes::BytesMut::new(),
-            trailers: None,
-            ended: false,
-        }
+        };
+        Rewritten::new(inner, sized)
     }
 }
 
-impl<B> Body for RecordSized<B>
-where
-    B: Body<Data = Bytes, Error = BoxError> + Unpin,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        loop {
-            if this.buf.len() >= H2_RECORD_DATA {
-                let piece = this.buf.split_to(H2_RECORD_DATA).freeze();
-                return Poll::Ready(Some(Ok(Frame::data(piece))));
-            }
-            if this.ended {
-                if !this.buf.is_empty() {
-                    return Poll::Ready(Some(Ok(Frame::data(this.buf.split().freeze()))));
-                }
-                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
-            }
-            match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        if this.buf.capacity() - this.buf.len() < data.len() {
-                            this.buf.reserve(data.len().max(4 * H2_RECORD_DATA));
-                        }
-                        this.buf.extend_from_slice(&data);
-                    }
-                    Err(frame) => {
-                        this.trailers = frame.into_trailers().ok();
-                        this.ended = true;
-                    }
-                },
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(None) => this.ended = true,
-                Poll::Pending if this.buf.is_empty() => return Poll::Pending,
-                Poll::Pending => {
-                    return Poll::Ready(Some(Ok(Frame::data(this.buf.split().freeze()))));
-                }
-            }
+impl Rewrite for RecordSized {
+    fn take(&mut self, data: Bytes) {
+        if self.buf.capacity() - self.buf.len() < data.len() {
+            self.buf.reserve(data.len().max(4 * H2_RECORD_DATA));
         }
+        self.buf.extend_from_slice(&data);
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.ended && self.buf.is_empty() && self.trailers.is_none()
+    fn ready(&mut self, next: Next) -> Option<Bytes> {
+        if self.buf.len() >= H2_RECORD_DATA {
+            return Some(self.buf.split_to(H2_RECORD_DATA).freeze());
+        }
+        (next != Next::More && !self.buf.is_empty()).then(|| self.buf.split().freeze())
+    }
+
+    fn drained(&self) -> bool {
+        self.buf.is_empty()
     }
 }
 
@@ -669,7 +693,7 @@ mod tests {
                 .iter()
                 .map(|f| Ok::<_, BoxError>(Frame::data(Bytes::from_static(f.as_bytes())))),
         ));
-        let redacted = Redacted::new(body, secrets);
+        let redacted = Redacted::body(body, secrets);
         let out = futures::executor::block_on(redacted.collect())
             .unwrap()
             .to_bytes();
@@ -683,7 +707,7 @@ mod tests {
     #[test]
     fn http2_pieces_fill_records_and_nothing_waits() {
         let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Frame<Bytes>, BoxError>>();
-        let mut body = RecordSized::new(http_body_util::StreamBody::new(rx));
+        let mut body = RecordSized::body(http_body_util::StreamBody::new(rx));
         let mut next = || {
             body.frame()
                 .now_or_never()
