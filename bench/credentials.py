@@ -3,9 +3,10 @@
 proxy ends TLS, adds the header and makes its own TLS connection) against
 the same download through a plain tunnel (the proxy copies bytes), in one
 interleaved run, over HTTP/2 (curl's default) and HTTP/1.1: each side of
-the proxy speaks what the sandbox chose. The upstream is tests/mcp's TLS server on loopback, named
-`localhost` (a certificate of a test authority the server trusts through
-SSL_CERT_FILE), so a release build needs no test knob.
+the proxy speaks what the sandbox chose. The upstream is tests/mcp's TLS
+server on loopback, named `localhost` (a certificate of a test authority
+the server trusts through SSL_CERT_FILE), so a release build needs no test
+knob.
 
   tunnel        curl in the sandbox, CONNECT to a host without credentials
   intercepted   the same host with a credential for it
@@ -44,14 +45,15 @@ value_from = {{ file = "{secret}" }}
 """
 
 
-PROTOCOLS = {"HTTP/2": "--http2", "HTTP/1.1": "--http1.1"}
+# Each protocol: curl's option for it, its name in the metrics.
+PROTOCOLS = {"HTTP/2": ("--http2", "http2"), "HTTP/1.1": ("--http1.1", "http1")}
 
 
 def download(server: Server, env: str, protocol: str, url: str, size: int) -> float:
     """Seconds curl in the sandbox took to fetch `url` (its own clock)."""
     # -k: the sandbox cannot read the test authority; a tunnel's TLS is
     # curl's own, whose check of the certificate costs the same either way.
-    code = (f"curl -sS -k {PROTOCOLS[protocol]} --noproxy '' -o /dev/null "
+    code = (f"curl -sS -k {PROTOCOLS[protocol][0]} --noproxy '' -o /dev/null "
             f"-w '%{{size_download}} %{{time_total}}' '{url}'")
     r = server.request("tools/call", {"name": "run", "arguments": {"env": env, "code": code}})
     out = r["result"]["structuredContent"]
@@ -89,12 +91,11 @@ def measure(binary: str, runs: int, mib: int) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     table = Table("credentials", ["path", f"median s ({mib} MiB)", "MiB/s", "speed ÷ tunnel"])
     metrics = {}
-    for protocol in PROTOCOLS:
+    for protocol, (_, key) in PROTOCOLS.items():
         tunnel = stats(rows[(protocol, "tunnel")])[0]
         for env_name in ("tunnel", "intercepted"):
             med = stats(rows[(protocol, env_name)])[0]
             table.add([f"{env_name}, {protocol}", med, mib / med, tunnel / med])
-        key = "http2" if protocol == "HTTP/2" else "http1"
         metrics[f"credentials.{key}.intercepted_over_tunnel"] = tunnel / stats(rows[(protocol, "intercepted")])[0]
     return {"tables": [table], "metrics": metrics}
 

@@ -45,6 +45,7 @@ pub(super) fn plan(
     wiring: &Wiring,
 ) -> io::Result<FromOutside> {
     let plan = &recipe.plan;
+    let root = jail::while_set_up(Path::new("/"));
     let needs_nest = || io::Error::other("mounting from outside needs the nest");
     let masks = match (&wiring.masks_sync, &recipe.masks) {
         (None, _) => None,
@@ -76,7 +77,6 @@ pub(super) fn plan(
                     ))
                 })
                 .collect::<io::Result<Vec<_>>>()?;
-            let root = jail::while_set_up(Path::new("/"));
             let read_only_root = plan.outside.read_only_root.then_some(root.as_path());
             Some(nest.ok_or_else(needs_nest)?.view_attach(
                 view.clone(),
@@ -103,7 +103,7 @@ pub(super) fn plan(
             view.clone(),
             &[(platform.view_dir.clone(), jail::while_set_up(store))],
             &[],
-            Some(&jail::while_set_up(Path::new("/"))),
+            Some(&root),
         )?),
     };
     Ok(FromOutside { masks, view })

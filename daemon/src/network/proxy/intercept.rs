@@ -432,15 +432,26 @@ impl Upstream {
 }
 
 /// Replaces each secret's bytes in header values by asterisks.
+/// Only a value holding one is copied: this runs on every response.
 fn redact_headers(headers: &mut HeaderMap, secrets: &[Vec<u8>]) {
     for value in headers.values_mut() {
+        if !holds_secret(value.as_bytes(), secrets) {
+            continue;
+        }
         let mut bytes = value.as_bytes().to_vec();
-        if redact(&mut bytes, secrets)
-            && let Ok(v) = HeaderValue::from_bytes(&bytes)
-        {
+        redact(&mut bytes, secrets);
+        if let Ok(v) = HeaderValue::from_bytes(&bytes) {
             *value = v;
         }
     }
+}
+
+/// Whether `bytes` hold any whole secret.
+fn holds_secret(bytes: &[u8], secrets: &[Vec<u8>]) -> bool {
+    secrets
+        .iter()
+        .filter(|s| !s.is_empty())
+        .any(|s| memchr::memmem::find(bytes, s).is_some())
 }
 
 /// Replaces every occurrence of each secret in `bytes` by as many
@@ -589,11 +600,7 @@ impl Redacted {
 
 impl Rewrite for Redacted {
     fn take(&mut self, data: Bytes) {
-        let clean = self.held.is_empty()
-            && !self
-                .secrets
-                .iter()
-                .any(|s| memchr::memmem::find(&data, s).is_some());
+        let clean = self.held.is_empty() && !holds_secret(&data, &self.secrets);
         let out = if clean {
             let keep = partial_secret_at_end(&data, &self.secrets);
             self.held.extend_from_slice(&data[data.len() - keep..]);
