@@ -15,40 +15,10 @@ import pytest
 from harness import MODE, call, run_async, session, var_tmpdir
 
 
-# A static program that lists its store (the parent of its store path),
-# tries to write there, in its own path, in the store's parent and at the
-# root (all read-only, the root made so with the view), and says whether the store
-# directory is a mount of its own (a store view) or a directory holding one
-# bind per path.
-LISTER = r"""
-#include <dirent.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/stat.h>
-int main(int argc, char **argv) {
-    char own[4096], store[4096], parent[4096], path[8192];
-    strncpy(own, argv[0], sizeof own - 1);
-    *strrchr(own, '/') = 0; *strrchr(own, '/') = 0;
-    strcpy(store, own); *strrchr(store, '/') = 0;
-    strcpy(parent, store); *strrchr(parent, '/') = 0;
-    DIR *d = opendir(store);
-    if (!d) return 2;
-    struct dirent *e;
-    while ((e = readdir(d))) if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) printf("%s\n", e->d_name);
-    snprintf(path, sizeof path, "%s/new", store);
-    printf("store writable: %d\n", open(path, O_CREAT | O_WRONLY, 0644) >= 0);
-    snprintf(path, sizeof path, "%s/new", own);
-    printf("path writable: %d\n", open(path, O_CREAT | O_WRONLY, 0644) >= 0);
-    snprintf(path, sizeof path, "%s/new", parent);
-    printf("parent writable: %d\n", open(path, O_CREAT | O_WRONLY, 0644) >= 0);
-    printf("root writable: %d\n", open("/new", O_CREAT | O_WRONLY, 0644) >= 0);
-    struct stat s, p;
-    stat(store, &s); stat(parent, &p);
-    printf("store is a mount: %d\n", s.st_dev != p.st_dev);
-    return 0;
-}
-"""
+# The static program that reports what the sandbox makes of the store
+# (its entries, which places are writable, whether the store is a mount of
+# its own); the VM tier runs the same one.
+LISTER = pathlib.Path(__file__).resolve().parent.parent / "vm" / "store-lister.c"
 
 
 @pytest.mark.skipif(MODE != "host" or shutil.which("cc") is None, reason="a static program, built with cc")
@@ -57,8 +27,7 @@ def test_a_closure_is_seen_exactly_through_a_store_view_or_path_by_path():
     store = top / "store"
     program = store / ("0" * 32 + "-lister")
     (program / "bin").mkdir(parents=True)
-    (top / "lister.c").write_text(LISTER)
-    subprocess.run(["cc", "-static", "-O2", "-o", str(program / "bin" / "lister"), str(top / "lister.c")], check=True)
+    subprocess.run(["cc", "-static", "-O2", "-o", str(program / "bin" / "lister"), str(LISTER)], check=True)
     padding = [store / f"{i:032d}-padding-{i}" for i in range(1, 31)]
     for p in padding:
         (p / "lib").mkdir(parents=True)

@@ -80,13 +80,17 @@ print(round(time.process_time() - cpu, 2))' >out 2>err
   check "over MCP, a pre-started python shows the code what a cold one does ($(tail -n1 out))" test "$rc" = 0
 }
 
-closure_check() { # a closure of 200 store paths, mounted as a store view: exactly it is seen
+closure_check() { # a closure of 200 store paths, mounted as a store view: exactly it is seen, read-only
   local lister=$here/../../target/vm-store-lister
   if [ ! -x "$lister" ]; then
     echo "skip  a sandbox sees exactly its Nix closure (no target/vm-store-lister: no cc on the host)"
     return
   fi
-  local store=$work/store closure=() i
+  # Under /var/tmp, as a real store is under /nix: a store under /tmp
+  # would have its parent in the sandbox's own writable /tmp.
+  local top store closure=() i
+  top=$(mktemp -d /var/tmp/nsm-vm-store.XXXXXX) && chmod 755 "$top" || return
+  store=$top/store
   mkdir -p "$store/00000000000000000000000000000000-lister/bin" "$work/artifacts/listed"
   cp "$lister" "$store/00000000000000000000000000000000-lister/bin/lister"
   closure+=("$store/00000000000000000000000000000000-lister")
@@ -95,7 +99,7 @@ closure_check() { # a closure of 200 store paths, mounted as a store view: exact
     closure+=("$store/$(printf '%032d' "$i")-padding-$i")
   done
   mkdir "$store/99999999999999999999999999999999-not-in-the-closure"
-  chmod -R a+rX "$work"
+  chmod -R a+rX "$work" "$top"
   python3 -c 'import json, sys
 closure = sys.argv[2:]
 json.dump({"version": 1, "name": "listed", "description": "a static lister",
@@ -105,9 +109,18 @@ json.dump({"version": 1, "name": "listed", "description": "a static lister",
   NIX_STORE_DIR=$store NIX_SANDBOX_DIR=$work/artifacts NIX_SANDBOX_BUILTIN='' \
     "$bin" run -e listed unread >listed 2>err
   printf '%s\n' "${closure[@]}" | xargs -n1 basename | sort >expected
-  sort listed >seen
-  check "a sandbox sees exactly its closure of 201 store paths, through a store view ($(wc -l <seen) entries)" \
+  grep -v ':' listed | sort >seen
+  check "a sandbox sees exactly its closure of 201 store paths ($(wc -l <seen) entries)" \
     cmp -s expected seen
+  # A store view is one mount over the store; the path-by-path fallback
+  # (when a view cannot be made) is a directory of binds.
+  check "the store is one mount, a store view ($(grep 'a mount' listed))" grep -qx 'store is a mount: 1' listed
+  local place
+  for place in store path parent root; do
+    check "the sandbox cannot write in the $place ($(grep "^$place writable" listed))" \
+      grep -qx "$place writable: 0" listed
+  done
+  rm -rf "$top"
 }
 
 section "$(id -un) (uid $(id -u)): $(systemctl --version | head -n1), kernel $(uname -r)"
