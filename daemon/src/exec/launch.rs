@@ -24,6 +24,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::child::ChildPlan;
@@ -32,6 +33,9 @@ use super::child::ChildPlan;
 /// dozen system calls), but a stack overflow would write into the daemon's
 /// memory: each stack has a guard page below it.
 const STACK_BYTES: usize = 256 * 1024;
+/// How many pairs of stacks are kept for the next children (about one for
+/// each sandbox being started at once).
+const SPARE_STACKS_KEPT: usize = 8;
 
 /// Where the program's output goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +111,7 @@ pub(super) fn launch(
         Output::Discarded => (None, None, None),
     };
     let raw = |fd: &Option<OwnedFd>| fd.as_ref().map_or(null.as_raw_fd(), |f| f.as_raw_fd());
-    let stacks = Stacks::new()?;
+    let stacks = Stacks::take()?;
     let shared = Shared {
         plan,
         program: &program_c,
@@ -129,7 +133,7 @@ pub(super) fn launch(
             &shared as *const Shared as *mut libc::c_void,
         )
     };
-    drop(stacks);
+    stacks.give_back();
     let pid = started?;
     match shared.failed.load(Ordering::SeqCst) {
         0 => Ok(Launched {
@@ -153,7 +157,7 @@ pub(super) fn launch(
 /// it and returns its exit code. For short sequences of system calls in
 /// other namespaces, which a thread of the daemon cannot join.
 pub(super) fn in_child(body: &dyn Fn() -> i32) -> io::Result<i32> {
-    let stacks = Stacks::new()?;
+    let stacks = Stacks::take()?;
     // SAFETY: `run_body` reads `body`, which outlives it: CLONE_VFORK keeps
     // this thread here until the child has exited.
     let started = unsafe {
@@ -163,7 +167,7 @@ pub(super) fn in_child(body: &dyn Fn() -> i32) -> io::Result<i32> {
             &body as *const &dyn Fn() -> i32 as *mut libc::c_void,
         )
     };
-    drop(stacks);
+    stacks.give_back();
     let pid = rustix::process::Pid::from_raw(started?).expect("a child's pid is positive");
     let status = wait_for(pid)?;
     status
@@ -376,7 +380,36 @@ struct Stacks {
     len: usize,
 }
 
+// SAFETY: the mapping belongs to the value alone; a child uses it only
+// while the thread that started it waits (CLONE_VFORK), and the value
+// moves between threads only when no child runs on it.
+unsafe impl Send for Stacks {}
+
+/// Stacks whose children have exec'd or exited, for the next ones: a
+/// fresh mapping for each child cost its system calls, its page faults,
+/// and at its unmapping, with the daemon's threads on other CPUs, a flush
+/// of their address translations.
+static SPARE_STACKS: Mutex<Vec<Stacks>> = Mutex::new(Vec::new());
+
 impl Stacks {
+    /// A pair kept from an earlier child, or a new one.
+    fn take() -> io::Result<Stacks> {
+        let spare = SPARE_STACKS.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match spare {
+            Some(stacks) => Ok(stacks),
+            None => Stacks::new(),
+        }
+    }
+
+    /// Keeps the pair for a later child, or unmaps it when enough are kept.
+    /// Only once every child that ran on it has exec'd or exited.
+    fn give_back(self) {
+        let mut spare = SPARE_STACKS.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < SPARE_STACKS_KEPT {
+            spare.push(self);
+        }
+    }
+
     fn new() -> io::Result<Stacks> {
         let page = rustix::param::page_size();
         let len = 2 * (page + STACK_BYTES);
