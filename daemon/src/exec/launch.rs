@@ -18,6 +18,13 @@
 //! lock, no panic). Signals stay blocked from before the clone until just
 //! before exec, by when every handler the daemon installed is reset (a
 //! handler would run on the daemon's memory).
+//!
+//! A child that does not exec (the nest's first child, [`in_child`]'s)
+//! shares the daemon's descriptor table too (`CLONE_FILES`), and closes
+//! what it opens: with a table of its own, its start would take a
+//! reference on each of the daemon's hundreds of descriptors and its exit
+//! close them all again. Only the child that execs gets a copy, whose
+//! descriptors it may renumber and which exec trims to what it passes on.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
@@ -44,6 +51,24 @@ pub(super) enum Output {
     Piped,
     /// /dev/null.
     Discarded,
+}
+
+/// Whether a child shares the daemon's descriptor table or gets a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Descriptors {
+    /// The child execs: it gets a copy, to renumber and pass on.
+    Copied,
+    /// The child exits without exec, closing what it opened.
+    Shared,
+}
+
+impl Descriptors {
+    fn clone_flags(self) -> libc::c_int {
+        match self {
+            Descriptors::Copied => 0,
+            Descriptors::Shared => libc::CLONE_FILES,
+        }
+    }
 }
 
 /// A started program.
@@ -122,15 +147,23 @@ pub(super) fn launch(
         failed: AtomicI32::new(0),
     };
 
+    // In the nest the first child only joins namespaces and starts the
+    // second, which execs; out of it the first child execs.
+    let descriptors = match plan.nest {
+        Some(_) => Descriptors::Shared,
+        None => Descriptors::Copied,
+    };
     // SAFETY: `first` reads `shared`, which outlives it: CLONE_VFORK keeps
     // this thread here until the child has exec'd or exited (in the nest,
     // until the first child has exited, after its own child has exec'd or
-    // exited). The children follow the rules in the module's header.
+    // exited). The children follow the rules in the module's header; in the
+    // nest the first child opens, renumbers and closes no descriptor.
     let started = unsafe {
         clone_sharing_memory(
             first,
             &stacks,
             &shared as *const Shared as *mut libc::c_void,
+            descriptors,
         )
     };
     stacks.give_back();
@@ -155,16 +188,20 @@ pub(super) fn launch(
 /// Runs `body` in a child that shares the daemon's memory (under the rules
 /// in the module's header) and exits with what `body` returns; waits for
 /// it and returns its exit code. For short sequences of system calls in
-/// other namespaces, which a thread of the daemon cannot join.
+/// other namespaces, which a thread of the daemon cannot join. The child
+/// shares the daemon's descriptors: `body` must close every descriptor it
+/// opens, and no other.
 pub(super) fn in_child(body: &dyn Fn() -> i32) -> io::Result<i32> {
     let stacks = Stacks::take()?;
     // SAFETY: `run_body` reads `body`, which outlives it: CLONE_VFORK keeps
-    // this thread here until the child has exited.
+    // this thread here until the child has exited, which it does without
+    // exec; `body` closes what it opens (the caller's promise).
     let started = unsafe {
         clone_sharing_memory(
             run_body,
             &stacks,
             &body as *const &dyn Fn() -> i32 as *mut libc::c_void,
+            Descriptors::Shared,
         )
     };
     stacks.give_back();
@@ -192,13 +229,19 @@ fn wait_for(pid: rustix::process::Pid) -> io::Result<rustix::process::WaitStatus
 /// so that the child starts with all blocked (see the module's header),
 /// and restored after.
 ///
+/// With `Descriptors::Shared` the child shares this process's descriptor
+/// table (see the module's header).
+///
 /// # Safety
 /// `arg` must stay valid until the child has exec'd or exited, and the
-/// child must follow the rules in the module's header.
+/// child must follow the rules in the module's header; a child sharing
+/// the descriptor table must neither exec nor change or close a
+/// descriptor it did not open.
 unsafe fn clone_sharing_memory(
     child: extern "C" fn(*mut libc::c_void) -> libc::c_int,
     stacks: &Stacks,
     arg: *mut libc::c_void,
+    descriptors: Descriptors,
 ) -> io::Result<i32> {
     // SAFETY: the signal sets are plain values on this stack; the mask
     // saved is this thread's own, put back below.
@@ -215,7 +258,7 @@ unsafe fn clone_sharing_memory(
         libc::clone(
             child,
             stacks.top(0),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD | descriptors.clone_flags(),
             arg,
         )
     };

@@ -242,7 +242,8 @@ pub(in crate::exec) fn attach(
     };
     let cwd = rustix::fs::CWD;
     // Only system calls, on values prepared above (see `launch::in_child`);
-    // the copies are the child's descriptors, closed in the child.
+    // the copies are descriptors in the daemon's table, which the child
+    // shares: each is closed (dropped) before the child exits.
     let steps = || {
         if mounts.len() + staged.len() > ATTACH_MOST {
             return 6;
