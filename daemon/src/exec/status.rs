@@ -83,7 +83,7 @@ impl Status {
     pub(super) fn wait_for_init(&mut self, limit: Duration) -> Option<i32> {
         let deadline = Instant::now() + limit;
         loop {
-            if let Some(pid) = self.field("child-pid") {
+            if let Some(pid) = self.init_pid() {
                 return Some(pid as i32);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -100,7 +100,7 @@ impl Status {
                 Ok(0) => return None,
                 Ok(_) => {
                     self.read_available();
-                    if self.closed && self.field("child-pid").is_none() {
+                    if self.closed && self.init_pid().is_none() {
                         return None;
                     }
                 }
@@ -139,6 +139,23 @@ impl Status {
                 Err(_) => return std::future::pending().await,
             }
         }
+    }
+
+    /// The init's pid from the first document, before its line ends:
+    /// bubblewrap writes the opening `{ "child-pid": N` in one write (the
+    /// namespaces' ids follow in writes of their own) and a pipe delivers a
+    /// write that small whole, so the spawner wakes once for the pid, not
+    /// once a write. Any other shape is read as whole lines.
+    fn init_pid(&self) -> Option<i64> {
+        let opening = self.text.trim_start().strip_prefix('{')?.trim_start();
+        let Some(rest) = opening.strip_prefix("\"child-pid\":") else {
+            return self.field("child-pid");
+        };
+        let rest = rest.trim_start();
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..digits].parse().ok()
     }
 
     /// The first numeric `key` in the documents read so far.
@@ -200,6 +217,34 @@ mod tests {
         let waited = tokio::time::timeout(Duration::from_millis(200), s.exit_reported()).await;
         assert!(waited.is_err(), "reported {waited:?}");
         assert!(!s.program_exited());
+    }
+
+    #[test]
+    fn the_init_is_read_from_the_first_write_before_its_line_ends() {
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK).unwrap();
+        let mut s = Status::new(r);
+        rustix::io::write(&w, b"{ \"child-pid\": 4242").unwrap();
+        assert_eq!(s.wait_for_init(Duration::from_secs(5)), Some(4242));
+        rustix::io::write(
+            &w,
+            b", \"pid-namespace\": 4026532181 }\n{ \"exit-code\": 0 }\n",
+        )
+        .unwrap();
+        drop(w);
+        assert!(s.program_exited());
+    }
+
+    #[test]
+    fn an_opening_without_a_pid_is_no_init() {
+        for text in [
+            "{ \"child-pid\": ",
+            "{ \"child-pid\": x }\n",
+            "{ \"exit-code\": 1 }\n",
+        ] {
+            let mut s = status_with(text);
+            assert_eq!(s.wait_for_init(Duration::from_secs(5)), None, "{text}");
+        }
     }
 
     #[test]
