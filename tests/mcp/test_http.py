@@ -62,7 +62,12 @@ def raw(srv: HttpServer, body: Any = INIT, token: str | None = "tester", method:
     h.update(headers or {})
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
     data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else None
-    conn.request(method, path, body=data, headers=h)
+    try:
+        conn.request(method, path, body=data, headers=h)
+    except (BrokenPipeError, ConnectionResetError):
+        # The server answered the head (a refusal) and closed before the
+        # body was sent: its answer is still there to read.
+        pass
     r = conn.getresponse()
     text = r.read()
     conn.close()
@@ -167,8 +172,8 @@ def test_bodies_and_heads_are_bounded_in_size_and_time():
         conn.close()
         # Too many headers: hyper refuses the head itself (431, no body to read).
         many = {f"x-h{i}": "v" for i in range(40)}
-        assert raw(s, headers=many)[0] == 431
-        assert raw(s, headers={"x-big": "v" * 20000})[0] == 431
+        assert raw(s, body=None, headers=many)[0] == 431
+        assert raw(s, body=None, headers={"x-big": "v" * 20000})[0] == 431
         # Still serving.
         assert raw(s)[0] == 200
 
