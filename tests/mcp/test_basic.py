@@ -392,11 +392,11 @@ def test_the_handshake_does_not_wait_for_the_start_checks_and_the_tool_list_does
     d.mkdir(parents=True)
     for p in (top, top / "prefix", d):
         p.chmod(0o755)
-    # A bash that takes 6 s to start (an interpreter must be a program, not a script).
+    # A bash that takes 3 s to start (an interpreter must be a program, not a script).
     source = top / "slow.c"
     source.write_text(
         "#include <unistd.h>\n"
-        "int main(int c, char **v) { sleep(6); v[0] = \"/bin/bash\"; execv(\"/bin/bash\", v); return 127; }\n"
+        "int main(int c, char **v) { sleep(3); v[0] = \"/bin/bash\"; execv(\"/bin/bash\", v); return 127; }\n"
     )
     subprocess.run(["cc", "-o", str(d / "bash"), str(source)], check=True)
     shutil.copy("/bin/false", d / "python3")
@@ -409,7 +409,7 @@ def test_the_handshake_does_not_wait_for_the_start_checks_and_the_tool_list_does
     )
 
     async def t():
-        # The server starts its checks as it starts; the slow one takes 6 s.
+        # The server starts its checks as it starts; the slow one takes 3 s.
         # (Over HTTP the session lists the tools itself as it begins.)
         started = time.monotonic()
         async with session(config=config) as s:
