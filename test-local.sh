@@ -61,6 +61,31 @@ features=(--features test-knobs)
 
 step "format and lint"
 cargo fmt --all -- --check
+# The speed gate's release build, as the CPU's idle work (SCHED_IDLE: the
+# lints and the test build take the CPU from it whenever they want it) while
+# they run, which leave a core idle for part of their time (linking, a crate
+# that waits for another). It is waited for before any test runs, so that no
+# test shares the machine with it: beside the MCP suites it made them ~25%
+# slower, and two tests that raced against time failed under that load.
+# Its output is shown only if it fails.
+release_log=$(mktemp)
+cleanup+=("$release_log")
+idle=(chrt --idle 0)
+"${idle[@]}" true 2>/dev/null || idle=(nice -n 19)
+"${idle[@]}" cargo build --release --quiet >"$release_log" 2>&1 &
+release_pid=$!
+trap '[ -z "$release_pid" ] || kill "$release_pid" 2>/dev/null; rm -rf "${cleanup[@]}"' EXIT
+release_built() {
+  [ -n "$release_pid" ] || return 0
+  local rc=0
+  wait "$release_pid" || rc=$?
+  release_pid=""
+  if [ "$rc" != 0 ]; then
+    cat "$release_log" >&2
+    echo "the release build failed" >&2
+    exit 1
+  fi
+}
 cargo clippy --all-targets --quiet -- -D warnings
 cargo clippy --all-targets --quiet "${features[@]}" -- -D warnings
 python3 tests/docs-check.py
@@ -70,28 +95,15 @@ step "build"
 cargo build --quiet "${features[@]}"
 bin=$root/target/debug/nix-sandbox-mcp
 
-step "the README's first commands, as written (installed into a temporary root)"
-tests/readme-commands.sh
-tier_ran "README first commands"
-
 step "cargo tests (unit + integration with real bubblewrap)"
+cargo test --no-run --quiet "${features[@]}"
+release_built
 cargo test --quiet "${features[@]}"
 tier_ran "cargo tests"
 
-# The speed gate's release build, started now as the CPU's idle work
-# (SCHED_IDLE: any test process that wakes takes the CPU from it at once):
-# the MCP suites below wait on their sandboxes' timers more than they use
-# the CPU, and the build takes what they leave. Measured: the first suite
-# runs ~25% slower while it builds (257 s against 204 s), and a whole run
-# took 1616 s against 1774 s and 1889 s with the build at the end. Its
-# output is shown only if it fails.
-release_log=$(mktemp)
-cleanup+=("$release_log")
-idle=(chrt --idle 0)
-"${idle[@]}" true 2>/dev/null || idle=(nice -n 19)
-"${idle[@]}" cargo build --release --quiet >"$release_log" 2>&1 &
-release_pid=$!
-trap '[ -z "$release_pid" ] || kill "$release_pid" 2>/dev/null; rm -rf "${cleanup[@]}"' EXIT
+step "the README's first commands, as written (installed into a temporary root)"
+tests/readme-commands.sh
+tier_ran "README first commands"
 
 step "MCP client suite, host mode (official Python SDK over stdio)"
 venv=$root/.venv
@@ -247,14 +259,7 @@ for doc in ("docs/performance.md", "docs/sessions.md", "docs/scaling.md", "READM
 if bad:
     sys.exit("speed blocks not written by bench/speed.py --write-docs: " + ", ".join(bad))
 PY
-release_rc=0
-wait "$release_pid" || release_rc=$?
-release_pid=""
-if [ "$release_rc" != 0 ]; then
-  cat "$release_log" >&2
-  echo "the release build failed" >&2
-  exit 1
-fi
+release_built
 # A release has no test knobs: their names are not in the binary, and a
 # malformed value of one changes nothing (a test build refuses to start).
 release=$root/target/release/nix-sandbox-mcp

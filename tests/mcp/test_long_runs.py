@@ -270,9 +270,11 @@ def test_job_errors_say_what_to_do():
                 r = await s.call_tool("job", bad)
                 sc = r.structured_content
                 assert r.is_error and sc["error"]["code"] == "invalid_input" and sc["error"]["message"] == message, (bad, dump(sc))
-            # None of the refused calls touched the jobs.
+            # None of the refused calls touched the jobs (on a loaded machine
+            # the first may still wait for its sandbox).
             listing = (await job(s)).structured_content
-            assert [(j["job"], j["state"]) for j in listing["jobs"]] == [(ids[0], "running"), (ids[1], "finished")], dump(listing)
+            states = [(j["job"], j["state"]) for j in listing["jobs"]]
+            assert states in ([(ids[0], first), (ids[1], "finished")] for first in ("queued", "running")), dump(listing)
             await job(s, id=running["job"], kill=True)
     run_async(t)
 
