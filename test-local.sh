@@ -61,31 +61,6 @@ features=(--features test-knobs)
 
 step "format and lint"
 cargo fmt --all -- --check
-# The speed gate's release build, as the CPU's idle work (SCHED_IDLE: the
-# lints and the test build take the CPU from it whenever they want it) while
-# they run, which leave a core idle for part of their time (linking, a crate
-# that waits for another). It is waited for before any test runs, so that no
-# test shares the machine with it: beside the MCP suites it made them ~25%
-# slower, and two tests that raced against time failed under that load.
-# Its output is shown only if it fails.
-release_log=$(mktemp)
-cleanup+=("$release_log")
-idle=(chrt --idle 0)
-"${idle[@]}" true 2>/dev/null || idle=(nice -n 19)
-"${idle[@]}" cargo build --release --quiet >"$release_log" 2>&1 &
-release_pid=$!
-trap '[ -z "$release_pid" ] || kill "$release_pid" 2>/dev/null; rm -rf "${cleanup[@]}"' EXIT
-release_built() {
-  [ -n "$release_pid" ] || return 0
-  local rc=0
-  wait "$release_pid" || rc=$?
-  release_pid=""
-  if [ "$rc" != 0 ]; then
-    cat "$release_log" >&2
-    echo "the release build failed" >&2
-    exit 1
-  fi
-}
 cargo clippy --all-targets --quiet -- -D warnings
 cargo clippy --all-targets --quiet "${features[@]}" -- -D warnings
 python3 tests/docs-check.py
@@ -95,15 +70,13 @@ step "build"
 cargo build --quiet "${features[@]}"
 bin=$root/target/debug/nix-sandbox-mcp
 
-step "cargo tests (unit + integration with real bubblewrap)"
-cargo test --no-run --quiet "${features[@]}"
-release_built
-cargo test --quiet "${features[@]}"
-tier_ran "cargo tests"
-
 step "the README's first commands, as written (installed into a temporary root)"
 tests/readme-commands.sh
 tier_ran "README first commands"
+
+step "cargo tests (unit + integration with real bubblewrap)"
+cargo test --quiet "${features[@]}"
+tier_ran "cargo tests"
 
 step "MCP client suite, host mode (official Python SDK over stdio)"
 venv=$root/.venv
@@ -259,7 +232,7 @@ for doc in ("docs/performance.md", "docs/sessions.md", "docs/scaling.md", "READM
 if bad:
     sys.exit("speed blocks not written by bench/speed.py --write-docs: " + ", ".join(bad))
 PY
-release_built
+cargo build --release --quiet
 # A release has no test knobs: their names are not in the binary, and a
 # malformed value of one changes nothing (a test build refuses to start).
 release=$root/target/release/nix-sandbox-mcp
