@@ -215,8 +215,9 @@ fi
 # (SCHED_IDLE: whatever else wakes takes the CPU from it at once) beside
 # the VM tier, whose emulated machine leaves the host's cores mostly idle.
 # Measured: the VM tier took 359 s beside it against 354 s alone, and the
-# build (~215 s alone) was done with it. Beside the MCP suites it slowed
-# them by a quarter and surfaced timing races, so it waits until here.
+# build (~215 s alone) was done with it. Beside the MCP suites it slows
+# them by a quarter or more (the root suite 276 s against 205), which
+# takes back most of what it saves, so it waits until here.
 # Its output is shown only if it fails.
 release_log=$(mktemp)
 cleanup+=("$release_log")
