@@ -227,7 +227,7 @@ idle=(chrt --idle 0)
 # compilers too.
 setsid "${idle[@]}" cargo build --release --quiet >"$release_log" 2>&1 &
 release_pid=$!
-trap 'kill -- -"$release_pid" 2>/dev/null; rm -rf "${cleanup[@]}"' EXIT
+trap '[ -z "$release_pid" ] || kill -- -"$release_pid" 2>/dev/null; rm -rf "${cleanup[@]}"' EXIT
 
 step "VM tier: the daemon as a user and as root under systemd with cgroup v2"
 vm_rc=0
@@ -253,6 +253,7 @@ if bad:
 PY
 release_rc=0
 wait "$release_pid" || release_rc=$?
+release_pid=""
 if [ "$release_rc" != 0 ]; then
   cat "$release_log" >&2
   echo "the release build failed" >&2
