@@ -466,6 +466,53 @@ async fn requests_that_are_not_proxy_requests_get_a_400_saying_how() {
 }
 
 #[tokio::test]
+async fn a_websocket_is_refused_saying_why_and_other_upgrades_are_dropped() {
+    let up = upstream().await;
+    let p = standard();
+    let url = format!("http://allowed.test:{}/socket", up.port);
+    let upgrade = |values: &[&str]| {
+        let mut req = Request::get(&url).header("connection", "Upgrade");
+        for v in values {
+            req = req.header("upgrade", *v);
+        }
+        req.header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+            .header("sec-websocket-version", "13")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    // However the protocol is written, among others or in a second header.
+    for values in [
+        &["websocket"][..],
+        &["WebSocket"],
+        &[" websocket/13 "],
+        &["h2c, websocket"],
+        &["h2c", "websocket"],
+    ] {
+        let r = send(p.addr, upgrade(values)).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{values:?}: {}", r.body);
+        assert!(r.body.contains("it opens a WebSocket"), "{}", r.body);
+        assert!(r.body.contains("untouched tunnel: CONNECT"), "{}", r.body);
+        assert!(
+            r.proxy_status.contains("details=\"websocket\""),
+            "{}",
+            r.proxy_status
+        );
+    }
+    assert_eq!(up.hits.load(Ordering::SeqCst), 0, "the host was asked");
+    // An upgrade the host may decline goes on as a plain request, without it.
+    let r = send(p.addr, upgrade(&["h2c"])).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(!r.body.contains("upgrade="), "{}", r.body);
+    let report = p.record.report();
+    assert_eq!(
+        report.denied_subjects(),
+        vec!["GET allowed.test/socket".to_string()]
+    );
+    assert_eq!(report.denied[0].rule, "websocket");
+    assert_eq!(report.denied[0].attempts, 5);
+}
+
+#[tokio::test]
 async fn an_unreachable_upstream_is_a_502_naming_it() {
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

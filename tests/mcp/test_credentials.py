@@ -219,6 +219,24 @@ def test_a_request_the_rules_deny_is_refused_and_reported(world):
     assert [r["method"] for r in received(world, "/private/admin/users")] == ["GET"]
 
 
+def test_a_websocket_to_a_host_with_credentials_is_refused_saying_why(world):
+    """The proxy reads each request on such a host and cannot carry a
+    WebSocket: the sandbox gets a 403 that says so, never the host's own
+    answer to a request stripped of its upgrade."""
+    code = (f"curl -sS -i --http1.1 -H 'Connection: Upgrade' -H 'Upgrade: websocket' "
+            f"-H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' "
+            f"{api(world, '/echo/socket')}\n")
+
+    async def t(s):
+        sc, text, _ = await call(s, "web", code)
+        out = sc["stdout"]
+        assert statuses(out, 403) == 1 and "it opens a WebSocket" in out, dump(sc)
+        assert f"GET api.{DOMAIN}/echo/socket" in sc["network_denied"], dump(sc)
+        assert "untouched CONNECT tunnel" in text and "request rules at work" not in text, text
+    with_server(world, t)
+    assert received(world, "/echo/socket") == []
+
+
 def test_another_allowed_host_gets_no_credential(world):
     async def t(s):
         sc, _, _ = await call(s, "web", f"curl -sS -o /dev/null -w '%{{http_code}}' {api(world, '/private/elsewhere', 'other')}")

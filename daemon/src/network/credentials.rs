@@ -111,6 +111,9 @@ pub enum RequestRefusal {
     OtherName(String),
     /// A CONNECT inside the intercepted connection.
     Tunnel,
+    /// It opens a WebSocket (`Upgrade: websocket`), which the proxy does
+    /// not carry on a connection whose requests it reads.
+    WebSocket,
 }
 
 impl fmt::Display for RequestRefusal {
@@ -134,6 +137,10 @@ impl fmt::Display for RequestRefusal {
                 "the TLS handshake asked for {other:?}, not the host the connection is for"
             ),
             RequestRefusal::Tunnel => f.write_str("a tunnel inside a tunnel is not allowed"),
+            RequestRefusal::WebSocket => f.write_str(
+                "it opens a WebSocket (Upgrade: websocket), which the proxy does not carry on a \
+                 connection whose requests it reads",
+            ),
         }
     }
 }

@@ -212,6 +212,10 @@ impl Denial {
         match self {
             Denial::NotListed { .. } => "not-on-allowlist",
             Denial::Address { .. } => "refused-address",
+            Denial::Request {
+                refusal: RequestRefusal::WebSocket,
+                ..
+            } => "websocket",
             Denial::Request { .. } => "request-rule",
         }
     }
@@ -244,6 +248,13 @@ impl Denial {
                 ..
             } => "Send requests for another host on a connection to that host (clients do \
                   this for each URL on their own)"
+                .to_string(),
+            Denial::Request {
+                refusal: RequestRefusal::WebSocket,
+                ..
+            } => "WebSockets pass only through an untouched tunnel: CONNECT \
+                  (what clients send for https:// and wss:// when HTTPS_PROXY is set) to a host \
+                  that has no credentials or request rules"
                 .to_string(),
             Denial::Request { host, .. } => format!(
                 "Only the user can change the request rules for {host} (the environment's \

@@ -48,6 +48,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::credentials::RequestRefusal;
 use super::policy::{Denial, Host, Policy};
 use super::record::{NetworkLimit, RunRecord};
 use super::resolve::Resolver;
@@ -462,12 +463,19 @@ async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
         Err(message) => return bad_request(message),
     };
     // Plain HTTP never carries credentials; request rules still hold.
-    if let Host::Name(name) = &target.host
-        && let Err(refusal) = run
+    let decided = match &target.host {
+        Host::Name(name) => run
             .policy
             .interception
             .decide(name, req.method(), req.uri().path())
-    {
+            .map(drop),
+        Host::Ip(_) => Ok(()),
+    };
+    let refused = decided.err().or_else(|| {
+        // A WebSocket would outlive the request this forwards.
+        opens_websocket(req.headers()).then_some(RequestRefusal::WebSocket)
+    });
+    if let Some(refusal) = refused {
         let denial = Denial::Request {
             host: target.host.clone(),
             method: req.method().to_string(),
@@ -583,6 +591,21 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     ] {
         headers.remove(name);
     }
+}
+
+/// Whether a request opens a WebSocket. Other upgrades (`h2c`) are
+/// dropped with the other one-hop headers: a host may always answer a
+/// request that offers one over the protocol it came in, and clients
+/// expect that; a WebSocket has no such answer.
+fn opens_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .any(|protocol| {
+            let name = protocol.split(|b| *b == b'/').next().unwrap_or_default();
+            name.trim_ascii().eq_ignore_ascii_case(b"websocket")
+        })
 }
 
 /// A plain-text response from the proxy itself.

@@ -407,8 +407,11 @@ fn network_text(o: &Outcome) -> String {
             hosts.join(", ")
         );
     }
-    if report.denied.iter().any(|d| d.method.is_some()) {
+    if report.denied.iter().any(|d| d.rule == "request-rule") {
         text += "refused requests are the environment's request rules at work; only the user can change them\n";
+    }
+    if report.denied.iter().any(|d| d.rule == "websocket") {
+        text += "a WebSocket passes only through an untouched CONNECT tunnel, to a host without credentials or request rules\n";
     }
     text
 }

@@ -213,6 +213,9 @@ async fn request(req: Request<Incoming>, upstream: &Upstream) -> Response<ProxyB
     if method == Method::CONNECT {
         return deny(RequestRefusal::Tunnel);
     }
+    if opens_websocket(req.headers()) {
+        return deny(RequestRefusal::WebSocket);
+    }
     let credentials = match run
         .policy
         .interception
