@@ -466,7 +466,7 @@ async fn requests_that_are_not_proxy_requests_get_a_400_saying_how() {
 }
 
 #[tokio::test]
-async fn a_websocket_is_refused_saying_why_and_other_upgrades_are_dropped() {
+async fn a_websocket_as_plain_http_is_refused_saying_why_and_other_upgrades_are_dropped() {
     let up = upstream().await;
     let p = standard();
     let url = format!("http://allowed.test:{}/socket", up.port);
@@ -491,7 +491,8 @@ async fn a_websocket_is_refused_saying_why_and_other_upgrades_are_dropped() {
         let r = send(p.addr, upgrade(values)).await;
         assert_eq!(r.status, StatusCode::FORBIDDEN, "{values:?}: {}", r.body);
         assert!(r.body.contains("it opens a WebSocket"), "{}", r.body);
-        assert!(r.body.contains("untouched tunnel: CONNECT"), "{}", r.body);
+        assert!(r.body.contains("as plain HTTP"), "{}", r.body);
+        assert!(r.body.contains("as wss://"), "{}", r.body);
         assert!(
             r.proxy_status.contains("details=\"websocket\""),
             "{}",

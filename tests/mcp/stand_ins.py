@@ -124,13 +124,15 @@ class TestCA:
 class ApiUpstream:
     """tls_upstream.js on 127.0.0.1 (HTTP/2 and HTTP/1.1) with the given
     certificate; its routes are listed at the top of that file. /private/...
-    needs `authorization` as the exact Authorization header (None: always 401)."""
+    needs `authorization` as the exact Authorization header (None: always 401).
+    With script="ws_upstream.js", a WebSocket host instead (see that file)."""
 
-    def __init__(self, cert: pathlib.Path, key: pathlib.Path, authorization: str | None = None) -> None:
+    def __init__(self, cert: pathlib.Path, key: pathlib.Path, authorization: str | None = None,
+                 script: str = "tls_upstream.js") -> None:
         self._dir = pathlib.Path(tempfile.mkdtemp(prefix="nsm-upstream-"))
         self._log = self._dir / "requests.jsonl"
         self._log.touch()
-        argv = ["node", str(HERE / "tls_upstream.js"), str(cert), str(key), str(self._log)]
+        argv = ["node", str(HERE / script), str(cert), str(key), str(self._log)]
         with open(self._dir / "stderr", "wb") as stderr:
             self._proc = subprocess.Popen(argv + ([authorization] if authorization is not None else []),
                                           stdout=subprocess.PIPE, stderr=stderr)
@@ -141,7 +143,7 @@ class ApiUpstream:
             self._proc.wait()
             why = (self._dir / "stderr").read_text(errors="replace")
             self.close()
-            raise RuntimeError(f"tls_upstream.js did not start: {why}")
+            raise RuntimeError(f"{script} did not start: {why}")
         self.port = int(line)
 
     @staticmethod

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(MODE != "host", reason="the proxy is tested in h
 # The sandbox can look for this prefix without knowing the value.
 TOKEN = f"nsm-secret-{secrets.token_hex(16)}"
 PACKAGE_TOKEN = f"nsm-secret-{secrets.token_hex(16)}"
-NAMES = ["api", "other", "bad", "wrong", "pypi", "npm", "git", "cargo"]
+NAMES = ["api", "other", "bad", "wrong", "ws", "pypi", "npm", "git", "cargo"]
 
 
 class World:
@@ -44,6 +44,7 @@ class World:
         self.api = ApiUpstream(cert, key, authorization=f"Bearer {TOKEN}")
         self.bad = ApiUpstream(*self.ca.issue_untrusted([f"bad.{DOMAIN}"]))
         self.wrong = ApiUpstream(*self.ca.issue_wrong_name())
+        self.ws = ApiUpstream(*self.ca.issue([f"ws.{DOMAIN}"]), script="ws_upstream.js")
         self.packages = PackageStandIns(self.ca, f"Bearer {PACKAGE_TOKEN}")
         # Readable by anyone on the host: only the jail keeps it from the sandbox.
         self.secret = self.dir / "api-token"
@@ -77,6 +78,7 @@ class World:
             + credential("environments.web.network", "api", api)
             + credential("environments.web.network", "bad", api)
             + credential("environments.web.network", "wrong", api)
+            + credential("environments.web.network", "ws", api)
             + f'[[environments.web.network.requests]]\nhost = "api.{DOMAIN}"\n'
               'methods = ["POST", "PUT", "DELETE"]\npaths = ["/private/admin/"]\naction = "deny"\n'
             + f'[[environments.web.network.requests]]\nhost = "api.{DOMAIN}"\n'
@@ -90,7 +92,7 @@ class World:
         )
 
     def close(self) -> None:
-        for server in (self.api, self.bad, self.wrong, self.packages):
+        for server in (self.api, self.bad, self.wrong, self.ws, self.packages):
             server.close()
         self.ca.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -219,22 +221,114 @@ def test_a_request_the_rules_deny_is_refused_and_reported(world):
     assert [r["method"] for r in received(world, "/private/admin/users")] == ["GET"]
 
 
-def test_a_websocket_to_a_host_with_credentials_is_refused_saying_why(world):
-    """The proxy reads each request on such a host and cannot carry a
-    WebSocket: the sandbox gets a 403 that says so, never the host's own
-    answer to a request stripped of its upgrade."""
-    code = (f"curl -sS -i --http1.1 -H 'Connection: Upgrade' -H 'Upgrade: websocket' "
-            f"-H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' "
-            f"{api(world, '/echo/socket')}\n")
+# A WebSocket client in the sandbox, by hand (the standard library has
+# none): CONNECT through the proxy, TLS, the handshake (offering
+# compression), then every message the host sends until it pings, and the
+# echo of one message of its own, each printed on a line.
+WS_CLIENT = r"""
+import base64, os, socket, ssl, struct, sys, urllib.parse
+host, port = sys.argv[1], int(sys.argv[2])
+proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+raw = socket.create_connection((proxy.hostname, proxy.port), timeout=20)
+raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += raw.recv(1)
+print("connect:", head.split(b"\r\n")[0].decode())
+context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+context.set_alpn_protocols(["http/1.1"])
+s = context.wrap_socket(raw, server_hostname=host)
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall((f"GET /socket HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+           "Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n").encode())
+buf = b""
+while b"\r\n\r\n" not in buf:
+    buf += s.recv(4096)
+head, buf = buf.split(b"\r\n\r\n", 1)
+print("handshake:", head.decode().replace("\r\n", " | "))
+if len(sys.argv) > 3:
+    # Another connection, while the WebSocket is open.
+    other = socket.create_connection((proxy.hostname, proxy.port), timeout=20)
+    other.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    print("second connect:", other.recv(4096).split(b"\r\n")[0].decode())
+def read(n):
+    global buf
+    while len(buf) < n:
+        more = s.recv(4096)
+        if not more:
+            raise SystemExit("closed early")
+        buf += more
+    out, buf = buf[:n], buf[n:]
+    return out
+def frame():
+    first, second = read(2)
+    n = second & 0x7f
+    if n == 126:
+        n = struct.unpack(">H", read(2))[0]
+    return first & 0x0f, first & 0x80, read(n)
+message = b""
+pinged = False
+while True:
+    opcode, fin, payload = frame()
+    if opcode == 9:
+        pinged = True
+        continue
+    message += payload
+    if fin:
+        print("message:", message.decode())
+        message = b""
+        if pinged:
+            break
+mask = os.urandom(4)
+text = b"hello through the proxy"
+s.sendall(bytes([0x81, 0x80 | len(text)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(text)))
+print("echo:", frame()[2].decode())
+s.sendall(bytes([0x88, 0x80]) + mask)
+print("close:", frame()[0])
+"""
+
+
+def test_a_websocket_to_a_host_with_credentials_carries_them_and_stars_them(world):
+    """The handshake reaches the host with the credential and without an
+    offer of compression, and the sandbox never hears of compression from
+    the host either; the host's messages come back with the value starred,
+    also where it is cut across fragments; messages go both ways until the
+    close."""
+    code = f"python3 - ws.{DOMAIN} {world.ws.port} <<'EOF'\n{WS_CLIENT}\nEOF\n"
 
     async def t(s):
         sc, text, _ = await call(s, "web", code)
         out = sc["stdout"]
-        assert statuses(out, 403) == 1 and "it opens a WebSocket" in out, dump(sc)
-        assert f"GET api.{DOMAIN}/echo/socket" in sc["network_denied"], dump(sc)
-        assert "untouched CONNECT tunnel" in text and "request rules at work" not in text, text
+        no_trace(json.dumps(sc), text)
+        assert "connect: HTTP/1.1 200" in out and "handshake: HTTP/1.1 101" in out, dump(sc)
+        assert "sec-websocket-extensions" not in out.lower(), dump(sc)
+        stars = "*" * len(f"Bearer {TOKEN}")
+        assert f'message: {{"authorization":"{stars}"}}' in out, dump(sc)
+        assert f"message: {stars}\n" in out, dump(sc)
+        assert "echo: hello through the proxy" in out and "close: 8" in out, dump(sc)
+        assert sc["exit_code"] == 0 and not sc.get("network_denied"), dump(sc)
     with_server(world, t)
-    assert received(world, "/echo/socket") == []
+    (handshake,) = world.ws.requests()
+    assert handshake["headers"]["authorization"] == f"Bearer {TOKEN}", handshake
+    assert "sec-websocket-extensions" not in handshake["headers"], handshake
+
+
+def test_a_websocket_keeps_its_connection_slot(world):
+    """A WebSocket counts as the connection it was opened on, for as long
+    as it is open: with one connection allowed, another is turned away."""
+    config = world.config().replace(
+        f'[environments.web.network]\nallow = ["*.{DOMAIN}", "127.0.0.1"]\n',
+        f'[environments.web.network]\nallow = ["*.{DOMAIN}", "127.0.0.1"]\nmax_connections = 1\n')
+    assert "max_connections = 1" in config
+    code = f"python3 - ws.{DOMAIN} {world.ws.port} hold <<'EOF'\n{WS_CLIENT}\nEOF\n"
+
+    async def t(s):
+        sc, _, _ = await call(s, "web", code)
+        out = sc["stdout"]
+        assert "handshake: HTTP/1.1 101" in out and "second connect: HTTP/1.1 429" in out, dump(sc)
+        assert "echo: hello through the proxy" in out, dump(sc)
+    with_server(world, t, config=config)
 
 
 def test_another_allowed_host_gets_no_credential(world):

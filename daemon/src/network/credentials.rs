@@ -111,8 +111,9 @@ pub enum RequestRefusal {
     OtherName(String),
     /// A CONNECT inside the intercepted connection.
     Tunnel,
-    /// It opens a WebSocket (`Upgrade: websocket`), which the proxy does
-    /// not carry on a connection whose requests it reads.
+    /// It opens a WebSocket (`Upgrade: websocket`) where the proxy carries
+    /// none: as plain HTTP, which it forwards request by request, or over
+    /// HTTP/2.
     WebSocket,
 }
 
@@ -138,8 +139,8 @@ impl fmt::Display for RequestRefusal {
             ),
             RequestRefusal::Tunnel => f.write_str("a tunnel inside a tunnel is not allowed"),
             RequestRefusal::WebSocket => f.write_str(
-                "it opens a WebSocket (Upgrade: websocket), which the proxy does not carry on a \
-                 connection whose requests it reads",
+                "it opens a WebSocket (Upgrade: websocket) where the proxy carries none: as \
+                 plain HTTP, which it forwards request by request, or over HTTP/2",
             ),
         }
     }

@@ -252,9 +252,8 @@ impl Denial {
             Denial::Request {
                 refusal: RequestRefusal::WebSocket,
                 ..
-            } => "WebSockets pass only through an untouched tunnel: CONNECT \
-                  (what clients send for https:// and wss:// when HTTPS_PROXY is set) to a host \
-                  that has no credentials or request rules"
+            } => "Open the WebSocket as wss:// over HTTP/1.1: clients reach it through CONNECT \
+                  when HTTPS_PROXY is set"
                 .to_string(),
             Denial::Request { host, .. } => format!(
                 "Only the user can change the request rules for {host} (the environment's \

@@ -5,13 +5,14 @@
 //! `host:port` (a byte tunnel, for TLS and anything else) and plain HTTP in
 //! absolute form (`GET http://host/path`), forwarded on a fresh upstream
 //! connection with hop-by-hop headers removed and `Host` set from the
-//! target, so the host checked is the host asked. Anything else gets a 400
-//! that says how to use the proxy. For each target the policy is asked
-//! first, then the proxy resolves the name itself, checks every address,
-//! and connects to a checked address (never resolving again). Refusals are
-//! answered with a text body naming the host and the rule, and a
-//! `Proxy-Status` header (RFC 9209); 403 for the policy, 429 for a bound,
-//! 502 and 504 for upstream failures.
+//! target, so the host checked is the host asked (a WebSocket, which
+//! would outlive the request, is refused: it goes through CONNECT).
+//! Anything else gets a 400 that says how to use the proxy. For each
+//! target the policy is asked first, then the proxy resolves the name
+//! itself, checks every address, and connects to a checked address (never
+//! resolving again). Refusals are answered with a text body naming the
+//! host and the rule, and a `Proxy-Status` header (RFC 9209); 403 for the
+//! policy, 429 for a bound, 502 and 504 for upstream failures.
 //!
 //! Bounds, per run: `max_connections` client connections at once (one more
 //! set of as many is answered with a 429, anything beyond is closed
@@ -55,8 +56,10 @@ use super::resolve::Resolver;
 
 mod flow;
 mod intercept;
+mod websocket;
 use flow::{Direction, Flow, Metered, tunnel};
 pub use intercept::Interceptor;
+use websocket::opens_websocket;
 
 /// Largest request or response head (start line and headers), in bytes.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -282,16 +285,16 @@ async fn handle(
     let on_upgrade = hyper::upgrade::on(&mut req);
     let tunnel_run = run.clone();
     run.spawn(async move {
-        let _slot = slot;
         let client = match on_upgrade.await {
             Ok(client) => client,
             Err(e) => return tracing::debug!("proxy upgrade: {e}"),
         };
         if intercepted {
-            intercept::serve(client, upstream, target, tunnel_run).await;
+            intercept::serve(client, upstream, target, tunnel_run, slot).await;
         } else {
             let flow = Flow::new(&tunnel_run, &target);
             tunnel(TokioIo::new(client), upstream, flow, &tunnel_run).await;
+            drop(slot);
         }
     });
     Response::new(Empty::new().map_err(|never| match never {}).boxed())
@@ -591,21 +594,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     ] {
         headers.remove(name);
     }
-}
-
-/// Whether a request opens a WebSocket. Other upgrades (`h2c`) are
-/// dropped with the other one-hop headers: a host may always answer a
-/// request that offers one over the protocol it came in, and clients
-/// expect that; a WebSocket has no such answer.
-fn opens_websocket(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::UPGRADE)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .any(|protocol| {
-            let name = protocol.split(|b| *b == b'/').next().unwrap_or_default();
-            name.trim_ascii().eq_ignore_ascii_case(b"websocket")
-        })
 }
 
 /// A plain-text response from the proxy itself.

@@ -2,6 +2,8 @@
 //! the run's transfer budget and ended when nothing moves for the idle
 //! timeout.
 
+use std::borrow::Cow;
+
 use super::*;
 
 #[derive(Debug, Clone, Copy)]
@@ -126,19 +128,65 @@ where
     }
 }
 
-/// Copies bytes both ways between the sandbox and the host until both
-/// sides have finished, either side fails, the budget runs out, or
-/// nothing moves for the idle timeout.
+/// What a tunnel does to the bytes it passes one way.
+pub(super) trait Filter {
+    /// What to pass on for `data` (what it holds back goes with a later
+    /// call), or why the tunnel must close.
+    fn pass<'a>(&mut self, data: &'a [u8]) -> io::Result<Cow<'a, [u8]>>;
+    /// What it still holds, once the side it reads has ended.
+    fn end(&mut self) -> Vec<u8>;
+}
+
+/// Bytes as they come.
+struct Untouched;
+
+impl Filter for Untouched {
+    fn pass<'a>(&mut self, data: &'a [u8]) -> io::Result<Cow<'a, [u8]>> {
+        Ok(Cow::Borrowed(data))
+    }
+
+    fn end(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
+}
+
+/// Copies bytes both ways between the sandbox and the host (see
+/// [`both_ways`]), as they come.
 pub(super) async fn tunnel<C>(client: C, upstream: TcpStream, flow: Arc<Flow>, run: &Run)
 where
     C: AsyncRead + AsyncWrite,
 {
-    let (mut client_read, mut client_write) = tokio::io::split(client);
-    let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    both_ways(
+        tokio::io::split(client),
+        upstream.into_split(),
+        Untouched,
+        flow,
+        run,
+    )
+    .await;
+}
+
+/// Copies bytes both ways between the sandbox and the host, the host's
+/// through `received`, until both sides have finished, either side fails,
+/// the budget runs out, or nothing moves for the idle timeout.
+pub(super) async fn both_ways<CR, CW, UR, UW>(
+    (mut client_read, mut client_write): (CR, CW),
+    (mut upstream_read, mut upstream_write): (UR, UW),
+    mut received: impl Filter,
+    flow: Arc<Flow>,
+    run: &Run,
+) where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    UR: AsyncRead + Unpin,
+    UW: AsyncWrite + Unpin,
+{
     let clock = Activity::new();
+    let mut sent = Untouched;
     let up = pump(
         &mut client_read,
         &mut upstream_write,
+        &mut sent,
         &flow,
         Direction::Sent,
         run,
@@ -147,6 +195,7 @@ where
     let down = pump(
         &mut upstream_read,
         &mut client_write,
+        &mut received,
         &flow,
         Direction::Received,
         run,
@@ -167,6 +216,7 @@ where
 async fn pump<R, W>(
     from: &mut R,
     to: &mut W,
+    filter: &mut impl Filter,
     flow: &Flow,
     direction: Direction,
     run: &Run,
@@ -180,6 +230,7 @@ where
     loop {
         let n = from.read(&mut buf).await?;
         if n == 0 {
+            to.write_all(&filter.end()).await?;
             // Pass the end on; the other direction may still have data.
             let _ = to.shutdown().await;
             return Ok(());
@@ -191,7 +242,7 @@ where
         }
         flow.add(direction, n as u64);
         clock.touch();
-        to.write_all(&buf[..n]).await?;
+        to.write_all(&filter.pass(&buf[..n])?).await?;
     }
 }
 

@@ -12,7 +12,8 @@
 //! to another host is a new CONNECT, which carries that host's credentials
 //! or none. Responses go back with the credentials' exact values replaced
 //! by asterisks (headers, and bodies that are not compressed), so that an
-//! endpoint that echoes the request does not hand the value over.
+//! endpoint that echoes the request does not hand the value over; so do a
+//! WebSocket's messages (`websocket.rs`).
 
 use hyper::client::conn::{http1 as client1, http2 as client2};
 use hyper_util::rt::TokioExecutor;
@@ -21,6 +22,7 @@ use tokio::sync::Mutex;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
+use super::websocket;
 use super::*;
 use crate::network::ca::Authority;
 use crate::network::credentials::RequestRefusal;
@@ -85,6 +87,7 @@ pub(super) async fn serve(
     upstream: TcpStream,
     target: Target,
     run: Arc<Run>,
+    slot: Arc<OwnedSemaphorePermit>,
 ) {
     let Some(interceptor) = run.interceptor.clone() else {
         return;
@@ -145,6 +148,7 @@ pub(super) async fn serve(
         first: std::sync::Mutex::new(Some(upstream)),
         sender: Mutex::new(None),
         run,
+        _slot: slot,
     });
     let service = service_fn(move |req| {
         let upstream = upstream.clone();
@@ -166,7 +170,10 @@ pub(super) async fn serve(
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .max_frame_size(H2_MAX_FRAME)
         .max_send_buf_size(H2_SEND_BUFFER);
-    if let Err(e) = server.serve_connection(TokioIo::new(tls), service).await {
+    let served = server
+        .serve_connection_with_upgrades(TokioIo::new(tls), service)
+        .await;
+    if let Err(e) = served {
         tracing::debug!("proxy: intercepted connection to {name}: {e}");
     }
 }
@@ -181,7 +188,7 @@ fn refused(target: &Target, method: &str, path: &str, refusal: RequestRefusal) -
     }
 }
 
-async fn request(req: Request<Incoming>, upstream: &Upstream) -> Response<ProxyBody> {
+async fn request(mut req: Request<Incoming>, upstream: &Arc<Upstream>) -> Response<ProxyBody> {
     let (run, target) = (&upstream.run, &upstream.target);
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -213,9 +220,13 @@ async fn request(req: Request<Incoming>, upstream: &Upstream) -> Response<ProxyB
     if method == Method::CONNECT {
         return deny(RequestRefusal::Tunnel);
     }
-    if opens_websocket(req.headers()) {
+    // HTTP/2 carries no WebSocket here: the proxy does not offer RFC 8441's
+    // extended CONNECT, so a client asks over HTTP/1.1.
+    let websocket = opens_websocket(req.headers());
+    if websocket && req.version() != hyper::Version::HTTP_11 {
         return deny(RequestRefusal::WebSocket);
     }
+    let sandbox_side = websocket.then(|| hyper::upgrade::on(&mut req));
     let credentials = match run
         .policy
         .interception
@@ -227,6 +238,9 @@ async fn request(req: Request<Incoming>, upstream: &Upstream) -> Response<ProxyB
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
+    if websocket {
+        websocket::ask_host(&mut parts.headers);
+    }
     let mut secrets = Vec::new();
     for credential in credentials {
         match credential.header() {
@@ -254,6 +268,19 @@ async fn request(req: Request<Incoming>, upstream: &Upstream) -> Response<ProxyB
         Ok(r) => r,
         Err(response) => return response,
     };
+    if let Some(sandbox_side) = sandbox_side
+        && response.status() == StatusCode::SWITCHING_PROTOCOLS
+    {
+        let flow = upstream.flow.clone();
+        return websocket::switch(
+            response,
+            sandbox_side,
+            secrets,
+            flow,
+            run.clone(),
+            upstream.clone(),
+        );
+    }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.version = version;
@@ -294,6 +321,9 @@ struct Upstream {
     first: std::sync::Mutex<Option<TcpStream>>,
     sender: Mutex<Option<Sender>>,
     run: Arc<Run>,
+    /// The CONNECT's connection slot: held while the sandbox's connection,
+    /// or a WebSocket it became, is open.
+    _slot: Arc<OwnedSemaphorePermit>,
 }
 
 enum Sender {
@@ -428,7 +458,8 @@ impl Upstream {
                 .handshake::<_, ProxyBody>(io)
                 .await
                 .map_err(|e| self.failed(e.to_string()))?;
-            self.run.drive(connection);
+            // A WebSocket's handshake takes the connection over.
+            self.run.drive(connection.with_upgrades());
             Ok(Sender::Http1(sender))
         }
     }
@@ -436,7 +467,7 @@ impl Upstream {
 
 /// Replaces each secret's bytes in header values by asterisks.
 /// Only a value holding one is copied: this runs on every response.
-fn redact_headers(headers: &mut HeaderMap, secrets: &[Vec<u8>]) {
+pub(super) fn redact_headers(headers: &mut HeaderMap, secrets: &[Vec<u8>]) {
     for value in headers.values_mut() {
         if !holds_secret(value.as_bytes(), secrets) {
             continue;
@@ -450,7 +481,7 @@ fn redact_headers(headers: &mut HeaderMap, secrets: &[Vec<u8>]) {
 }
 
 /// Whether `bytes` hold any whole secret.
-fn holds_secret(bytes: &[u8], secrets: &[Vec<u8>]) -> bool {
+pub(super) fn holds_secret(bytes: &[u8], secrets: &[Vec<u8>]) -> bool {
     secrets
         .iter()
         .filter(|s| !s.is_empty())
@@ -460,7 +491,7 @@ fn holds_secret(bytes: &[u8], secrets: &[Vec<u8>]) -> bool {
 /// Replaces every occurrence of each secret in `bytes` by as many
 /// asterisks (callers that need to know whether there is one ask
 /// [`holds_secret`] first).
-fn redact(bytes: &mut [u8], secrets: &[Vec<u8>]) {
+pub(super) fn redact(bytes: &mut [u8], secrets: &[Vec<u8>]) {
     for secret in secrets.iter().filter(|s| !s.is_empty()) {
         let finder = memchr::memmem::Finder::new(secret);
         let mut from = 0;
@@ -474,7 +505,7 @@ fn redact(bytes: &mut [u8], secrets: &[Vec<u8>]) {
 
 /// The length of the longest end of `bytes` that is the start of a secret
 /// (and not a whole one): what must wait for the next frame.
-fn partial_secret_at_end(bytes: &[u8], secrets: &[Vec<u8>]) -> usize {
+pub(super) fn partial_secret_at_end(bytes: &[u8], secrets: &[Vec<u8>]) -> usize {
     secrets
         .iter()
         .filter_map(|secret| {
