@@ -1,6 +1,7 @@
 //! Start-up wiring: configuration, then the platform probe, limits, the
-//! executor, a sandbox self-test, the project mount and the registry. Every
-//! front end (MCP server, `run`, `envs`, `doctor`) starts here.
+//! executor, a sandbox self-test and the project mount, while the
+//! environments' sources are gathered beside them, then the registry.
+//! Every front end (MCP server, `run`, `envs`, `doctor`) starts here.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -91,12 +92,23 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
         )),
         None => None,
     };
+    let (mut project, mut project_note) = resolve_project(&config)?;
+    // The sources look for environments (on the host that may mean asking
+    // a version manager, tens of milliseconds) while the sandbox is probed
+    // and tested.
+    let gathering = opts.load_environments.then(|| {
+        let config = config.clone();
+        let project_dir = project.as_ref().map(|p| p.host_path.clone());
+        tokio::task::spawn_blocking(move || {
+            let sources = registry::sources(&config.knobs);
+            registry::gather_now(&config, project_dir.as_deref(), &sources)
+        })
+    });
     let executor = executor_for(&config, opts.prestart)?;
     check_credentials(&config, executor.platform())?;
     if !opts.quick {
         self_test(&executor).await?;
     }
-    let (mut project, mut project_note) = resolve_project(&config)?;
     if let Some(p) = &mut project {
         project_note = settle_project(&executor, p);
     }
@@ -106,13 +118,13 @@ pub async fn start(opts: &StartOptions) -> Result<App, StartError> {
     }
     let projects = named_projects(&config, &executor)?;
     let (mut gathered, mut builds) = (Gathered::default(), Builds::default());
-    let registry = if opts.load_environments {
-        let project_dir = project.as_ref().map(|p| p.host_path.as_path());
-        let sources = registry::sources(&config.knobs);
-        if opts.in_background {
-            (gathered, builds) = registry::gather_now(&config, project_dir, &sources);
-        } else {
-            gathered = registry::gather(&config, project_dir, &sources).await;
+    let registry = if let Some(gathering) = gathering {
+        // A panic there is the caller's, as when it gathered itself.
+        (gathered, builds) = gathering
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        if !opts.in_background {
+            gathered = registry::finish(gathered, std::mem::take(&mut builds)).await;
         }
         let prober = ExecProber(executor.clone());
         let prober: Option<&dyn Prober> = if opts.quick || opts.in_background {

@@ -217,8 +217,13 @@ pub async fn gather(
     project: Option<&Path>,
     sources: &[Box<dyn Source>],
 ) -> Gathered {
+    let (gathered, builds) = gather_now(config, project, sources);
+    finish(gathered, builds).await
+}
+
+/// What [`gather_now`] gathered, once `builds` have all ended.
+pub async fn finish(mut gathered: Gathered, builds: Builds) -> Gathered {
     use futures::StreamExt;
-    let (mut gathered, builds) = gather_now(config, project, sources);
     let mut ended = std::pin::pin!(builds.run());
     while let Some((about, result)) = ended.next().await {
         gathered.finished(&about, result);
