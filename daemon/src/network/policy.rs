@@ -252,9 +252,9 @@ impl Denial {
             Denial::Request {
                 refusal: RequestRefusal::WebSocket,
                 ..
-            } => "Open the WebSocket as wss:// over HTTP/1.1: clients reach it through CONNECT \
-                  when HTTPS_PROXY is set"
-                .to_string(),
+            } => {
+                "Open the WebSocket over HTTP/1.1, as clients do unless told otherwise".to_string()
+            }
             Denial::Request { host, .. } => format!(
                 "Only the user can change the request rules for {host} (the environment's \
                  network requests in the server's configuration)"

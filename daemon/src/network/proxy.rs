@@ -5,9 +5,8 @@
 //! `host:port` (a byte tunnel, for TLS and anything else) and plain HTTP in
 //! absolute form (`GET http://host/path`), forwarded on a fresh upstream
 //! connection with hop-by-hop headers removed and `Host` set from the
-//! target, so the host checked is the host asked (a WebSocket, which
-//! would outlive the request, is refused: it goes through CONNECT).
-//! Anything else gets a 400 that says how to use the proxy. For each
+//! target, so the host checked is the host asked (a WebSocket, `ws://`,
+//! is joined to the host once it switches, as a tunnel is). Anything else gets a 400 that says how to use the proxy. For each
 //! target the policy is asked first, then the proxy resolves the name
 //! itself, checks every address, and connects to a checked address (never
 //! resolving again). Refusals are answered with a text body naming the
@@ -49,7 +48,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::credentials::RequestRefusal;
 use super::policy::{Denial, Host, Policy};
 use super::record::{NetworkLimit, RunRecord};
 use super::resolve::Resolver;
@@ -262,7 +260,7 @@ async fn handle(
     slot: Arc<OwnedSemaphorePermit>,
 ) -> Response<ProxyBody> {
     if req.method() != Method::CONNECT {
-        return forward(req, run).await;
+        return forward(req, run, slot).await;
     }
     let target = match connect_target(req.uri()) {
         Ok(t) => t,
@@ -459,26 +457,24 @@ async fn open(run: &Run, target: &Target) -> Result<TcpStream, Refusal> {
     Err(last.unwrap_or(Refusal::Timeout))
 }
 
-/// Forwards a plain HTTP request in absolute form.
-async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
+/// Forwards a plain HTTP request in absolute form; a WebSocket it opens
+/// keeps `slot` (the client connection's) while it is open.
+async fn forward(
+    mut req: Request<Incoming>,
+    run: Arc<Run>,
+    slot: Arc<OwnedSemaphorePermit>,
+) -> Response<ProxyBody> {
     let target = match forward_target(req.uri()) {
         Ok(t) => t,
         Err(message) => return bad_request(message),
     };
     // Plain HTTP never carries credentials; request rules still hold.
-    let decided = match &target.host {
-        Host::Name(name) => run
+    if let Host::Name(name) = &target.host
+        && let Err(refusal) = run
             .policy
             .interception
             .decide(name, req.method(), req.uri().path())
-            .map(drop),
-        Host::Ip(_) => Ok(()),
-    };
-    let refused = decided.err().or_else(|| {
-        // A WebSocket would outlive the request this forwards.
-        opens_websocket(req.headers()).then_some(RequestRefusal::WebSocket)
-    });
-    if let Some(refusal) = refused {
+    {
         let denial = Denial::Request {
             host: target.host.clone(),
             method: req.method().to_string(),
@@ -501,7 +497,10 @@ async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
         Ok(pair) => pair,
         Err(e) => return upstream_failed(&run, &target, e.to_string()),
     };
-    run.drive(connection);
+    // A WebSocket's handshake takes the connection over.
+    run.drive(connection.with_upgrades());
+    let websocket = opens_websocket(req.headers());
+    let sandbox_side = websocket.then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
     let origin_form = parts
@@ -514,6 +513,9 @@ async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
         .unwrap_or_else(|_| Uri::from_static("/"));
     parts.version = hyper::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    if websocket {
+        websocket::ask_host(&mut parts.headers, websocket::Compression::Allowed);
+    }
     if let Ok(v) = HeaderValue::from_str(&host_header(&target)) {
         parts.headers.insert(header::HOST, v);
     }
@@ -537,6 +539,11 @@ async fn forward(req: Request<Incoming>, run: Arc<Run>) -> Response<ProxyBody> {
             );
         }
     };
+    if let Some(sandbox_side) = sandbox_side
+        && response.status() == StatusCode::SWITCHING_PROTOCOLS
+    {
+        return websocket::switch(response, sandbox_side, Vec::new(), flow, run, slot);
+    }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(

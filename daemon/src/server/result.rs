@@ -411,7 +411,7 @@ fn network_text(o: &Outcome) -> String {
         text += "refused requests are the environment's request rules at work; only the user can change them\n";
     }
     if report.denied.iter().any(|d| d.rule == "websocket") {
-        text += "a WebSocket goes through the proxy as wss:// over HTTP/1.1 (CONNECT), not as plain HTTP\n";
+        text += "a WebSocket goes through the proxy over HTTP/1.1 only\n";
     }
     text
 }

@@ -238,9 +238,6 @@ async fn request(mut req: Request<Incoming>, upstream: &Arc<Upstream>) -> Respon
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
-    if websocket {
-        websocket::ask_host(&mut parts.headers);
-    }
     let mut secrets = Vec::new();
     for credential in credentials {
         match credential.header() {
@@ -261,6 +258,10 @@ async fn request(mut req: Request<Incoming>, upstream: &Arc<Upstream>) -> Respon
                 );
             }
         }
+    }
+    if websocket {
+        let compression = websocket::Compression::starring(&secrets);
+        websocket::ask_host(&mut parts.headers, compression);
     }
     let version = parts.version;
     let body = Metered::new(body, upstream.flow.clone(), Direction::Sent, run.clone()).boxed();

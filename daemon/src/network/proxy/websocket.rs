@@ -1,12 +1,13 @@
-//! A WebSocket on an intercepted host (see `intercept.rs`). The sandbox's
-//! handshake is a request like any other there: decided by the host's
-//! rules and sent with its credentials, without an offer of compression
-//! (a compressed echo of a credential could not be starred). Once the host
-//! switches protocols, the two connections are joined as a tunnel is (the
-//! connection slot, the transfer budget, the idle timeout), and the host's
-//! frames pass through [`FrameRedactor`], which stars the credentials'
-//! values in their payloads as in response bodies, also where a value is
-//! cut across frames.
+//! A WebSocket through the proxy other than in a tunnel: as plain HTTP
+//! (`ws://`), or on an intercepted host (see `intercept.rs`). The
+//! sandbox's handshake is a request like any other there: decided by the
+//! host's rules and, on an intercepted host, sent with its credentials and
+//! without an offer of compression (a compressed echo of a credential could
+//! not be starred). Once the host switches protocols, the two connections
+//! are joined as a tunnel is (the connection slot, the transfer budget, the
+//! idle timeout), and the host's frames pass through [`FrameRedactor`],
+//! which stars the credentials' values in their payloads as in response
+//! bodies, also where a value is cut across frames.
 
 use std::borrow::Cow;
 
@@ -31,17 +32,39 @@ pub(super) fn opens_websocket(headers: &HeaderMap) -> bool {
         })
 }
 
-/// The handshake's head as the host gets it: the upgrade asked again (the
-/// one-hop headers are gone), compression not offered.
-pub(super) fn ask_host(headers: &mut HeaderMap) {
+/// Whether a WebSocket may be compressed: not where the proxy stars
+/// credentials in the host's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Compression {
+    Allowed,
+    Refused,
+}
+
+impl Compression {
+    /// Refused when there are `secrets` to star.
+    pub(super) fn starring(secrets: &[Vec<u8>]) -> Compression {
+        match secrets.is_empty() {
+            true => Compression::Allowed,
+            false => Compression::Refused,
+        }
+    }
+}
+
+/// The handshake's head as the host gets it (or the host's 101 as the
+/// sandbox does): the upgrade asked again (the one-hop headers are gone),
+/// compression taken out where refused.
+pub(super) fn ask_host(headers: &mut HeaderMap, compression: Compression) {
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
+    if compression == Compression::Refused {
+        headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
+    }
 }
 
 /// Answers the sandbox with the host's 101 and joins the two connections
-/// once both have switched; `hold` (the CONNECT's slot, the upstream) is
-/// kept until the WebSocket closes.
+/// once both have switched, starring `secrets` in the host's messages;
+/// `hold` (the client connection's slot) is kept until the WebSocket
+/// closes.
 pub(super) fn switch(
     mut response: Response<Incoming>,
     sandbox: OnUpgrade,
@@ -53,9 +76,9 @@ pub(super) fn switch(
     let host = hyper::upgrade::on(&mut response);
     let (mut parts, _) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    // An extension the sandbox was not offered (compression) fails its
-    // handshake rather than hide a credential from the redactor.
-    ask_host(&mut parts.headers);
+    // Compression the sandbox did not offer fails its handshake rather
+    // than hide a credential from the redactor.
+    ask_host(&mut parts.headers, Compression::starring(&secrets));
     redact_headers(&mut parts.headers, &secrets);
     let relay = run.clone();
     run.spawn(async move {
