@@ -111,9 +111,6 @@ pub enum RequestRefusal {
     OtherName(String),
     /// A CONNECT inside the intercepted connection.
     Tunnel,
-    /// It opens a WebSocket over HTTP/2, where the proxy carries none (it
-    /// does not offer RFC 8441's extended CONNECT).
-    WebSocket,
 }
 
 impl fmt::Display for RequestRefusal {
@@ -137,9 +134,6 @@ impl fmt::Display for RequestRefusal {
                 "the TLS handshake asked for {other:?}, not the host the connection is for"
             ),
             RequestRefusal::Tunnel => f.write_str("a tunnel inside a tunnel is not allowed"),
-            RequestRefusal::WebSocket => {
-                f.write_str("it opens a WebSocket over HTTP/2, where the proxy carries none")
-            }
         }
     }
 }

@@ -212,10 +212,6 @@ impl Denial {
         match self {
             Denial::NotListed { .. } => "not-on-allowlist",
             Denial::Address { .. } => "refused-address",
-            Denial::Request {
-                refusal: RequestRefusal::WebSocket,
-                ..
-            } => "websocket",
             Denial::Request { .. } => "request-rule",
         }
     }
@@ -249,12 +245,6 @@ impl Denial {
             } => "Send requests for another host on a connection to that host (clients do \
                   this for each URL on their own)"
                 .to_string(),
-            Denial::Request {
-                refusal: RequestRefusal::WebSocket,
-                ..
-            } => {
-                "Open the WebSocket over HTTP/1.1, as clients do unless told otherwise".to_string()
-            }
             Denial::Request { host, .. } => format!(
                 "Only the user can change the request rules for {host} (the environment's \
                  network requests in the server's configuration)"

@@ -45,7 +45,7 @@ pub struct DeniedHost {
     pub method: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// `not-on-allowlist`, `refused-address`, `request-rule` or `websocket`.
+    /// `not-on-allowlist`, `refused-address` or `request-rule`.
     pub rule: &'static str,
     /// The full reason, as in the 403 body.
     pub reason: String,

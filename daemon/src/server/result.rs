@@ -407,11 +407,8 @@ fn network_text(o: &Outcome) -> String {
             hosts.join(", ")
         );
     }
-    if report.denied.iter().any(|d| d.rule == "request-rule") {
+    if report.denied.iter().any(|d| d.method.is_some()) {
         text += "refused requests are the environment's request rules at work; only the user can change them\n";
-    }
-    if report.denied.iter().any(|d| d.rule == "websocket") {
-        text += "a WebSocket goes through the proxy over HTTP/1.1 only\n";
     }
     text
 }

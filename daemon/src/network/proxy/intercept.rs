@@ -220,12 +220,9 @@ async fn request(mut req: Request<Incoming>, upstream: &Arc<Upstream>) -> Respon
     if method == Method::CONNECT {
         return deny(RequestRefusal::Tunnel);
     }
-    // HTTP/2 carries no WebSocket here: the proxy does not offer RFC 8441's
-    // extended CONNECT, so a client asks over HTTP/1.1.
+    // Over HTTP/1.1 only: HTTP/2 refuses a request with an Upgrade header,
+    // and the proxy does not offer its extended CONNECT (RFC 8441).
     let websocket = opens_websocket(req.headers());
-    if websocket && req.version() != hyper::Version::HTTP_11 {
-        return deny(RequestRefusal::WebSocket);
-    }
     let sandbox_side = websocket.then(|| hyper::upgrade::on(&mut req));
     let credentials = match run
         .policy
