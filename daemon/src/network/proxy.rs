@@ -6,12 +6,13 @@
 //! absolute form (`GET http://host/path`), forwarded on a fresh upstream
 //! connection with hop-by-hop headers removed and `Host` set from the
 //! target, so the host checked is the host asked (a WebSocket, `ws://`,
-//! is joined to the host once it switches, as a tunnel is). Anything else gets a 400 that says how to use the proxy. For each
-//! target the policy is asked first, then the proxy resolves the name
-//! itself, checks every address, and connects to a checked address (never
-//! resolving again). Refusals are answered with a text body naming the
-//! host and the rule, and a `Proxy-Status` header (RFC 9209); 403 for the
-//! policy, 429 for a bound, 502 and 504 for upstream failures.
+//! is joined to the host once it switches, as a tunnel is). Anything else
+//! gets a 400 that says how to use the proxy. For each target the policy
+//! is asked first, then the proxy resolves the name itself, checks every
+//! address, and connects to a checked address (never resolving again).
+//! Refusals are answered with a text body naming the host and the rule,
+//! and a `Proxy-Status` header (RFC 9209); 403 for the policy, 429 for a
+//! bound, 502 and 504 for upstream failures.
 //!
 //! Bounds, per run: `max_connections` client connections at once (one more
 //! set of as many is answered with a 429, anything beyond is closed
