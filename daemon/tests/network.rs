@@ -194,6 +194,21 @@ async fn get(proxy: SocketAddr, url: &str) -> Reply {
     .await
 }
 
+/// GETs `url` until it is served (a slot freed a moment ago may still be
+/// held while the proxy notices its connection closed), for 5 s at most;
+/// the last reply.
+async fn get_once_served(proxy: SocketAddr, url: &str) -> Reply {
+    let mut r = get(proxy, url).await;
+    for _ in 0..50 {
+        if r.status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        r = get(proxy, url).await;
+    }
+    r
+}
+
 /// Opens a CONNECT tunnel; the error is the refusal.
 async fn tunnel(
     proxy: SocketAddr,
@@ -552,14 +567,7 @@ async fn a_websocket_as_plain_http_is_joined_to_its_host_and_keeps_its_slot() {
     let r = get(p.addr, &format!("http://allowed.test:{}/", up.port)).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.body);
     drop(socket);
-    let mut r = get(p.addr, &format!("http://allowed.test:{}/", up.port)).await;
-    for _ in 0..50 {
-        if r.status == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        r = get(p.addr, &format!("http://allowed.test:{}/", up.port)).await;
-    }
+    let r = get_once_served(p.addr, &format!("http://allowed.test:{}/", up.port)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     let report = p.record.report();
     let ws = report.allowed.iter().find(|h| h.port == port).unwrap();
@@ -626,14 +634,7 @@ async fn connections_beyond_the_bound_are_turned_away_with_a_429() {
         flood.push(TcpStream::connect(p.addr).await.unwrap());
     }
     drop((a, b, flood));
-    let mut r = get(p.addr, &format!("http://allowed.test:{}/", up.port)).await;
-    for _ in 0..50 {
-        if r.status == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        r = get(p.addr, &format!("http://allowed.test:{}/", up.port)).await;
-    }
+    let r = get_once_served(p.addr, &format!("http://allowed.test:{}/", up.port)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
 
